@@ -1,0 +1,24 @@
+//! Domain types shared by every toolgate crate: ids, tool specs, the connector interface,
+//! stable error codes, the tool registry and the redactor. This crate does no I/O.
+
+mod clock;
+mod connector;
+mod decision;
+mod error;
+mod ids;
+pub mod redact;
+mod registry;
+mod spec;
+
+#[cfg(feature = "testkit")]
+pub use clock::ManualClock;
+pub use clock::{Clock, SystemClock, Timestamp};
+pub use connector::{Connector, InvocationContext, SecretValue, Secrets, ToolOutput};
+pub use decision::{Decision, RiskLevel, ToolCallStatus};
+pub use error::{ErrorCode, IdError, SpecError, ToolError};
+pub use ids::{
+    AgentId, CorrelationId, RunId, SecretName, TenantId, ToolCallId, ToolName, ToolUseId,
+};
+pub use redact::Redactor;
+pub use registry::{RegisterError, ToolRegistry, UnknownTool};
+pub use spec::{Tag, ToolSpec};
