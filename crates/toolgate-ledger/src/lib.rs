@@ -1,0 +1,18 @@
+//! The durable ledger: tenants, tokens, configuration, runs, tool calls, policy decisions,
+//! pending invocations and the hash-chained audit trail, behind the [`Store`] interface.
+//!
+//! SQLite ([`SqliteStore`]) is the embedded default. All writes go through one writer task
+//! that commits whatever has queued up in a single transaction (group commit), so concurrent
+//! callers share an fsync without any write being acknowledged before it is durable.
+
+mod chain;
+mod error;
+mod model;
+mod sqlite;
+mod store;
+
+pub use chain::{GENESIS_HASH, event_hash};
+pub use error::LedgerError;
+pub use model::*;
+pub use sqlite::SqliteStore;
+pub use store::Store;

@@ -1,0 +1,483 @@
+//! Records the ledger stores and returns. Plain domain values: SQL rows are converted to and
+//! from them by hand inside each backend.
+
+use serde_json::Value;
+use toolgate_core::{
+    AgentId, CorrelationId, Decision, ErrorCode, RiskLevel, RunId, TenantId, Timestamp,
+    ToolCallId, ToolCallStatus, ToolName, ToolUseId,
+};
+
+/// A tenant (organisation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tenant {
+    /// Its id.
+    pub id: TenantId,
+    /// A display name.
+    pub name: String,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// An agent inside a tenant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Agent {
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// Its id, unique within the tenant.
+    pub id: AgentId,
+    /// A display name.
+    pub name: String,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// What a bearer token may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Operators: every admin call, for every tenant.
+    Admin,
+    /// Agent runtimes: runs and tool calls of one tenant (optionally one agent).
+    Agent,
+    /// Humans who approve or reject suspended calls of one tenant.
+    Approver,
+}
+
+impl Role {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Agent => "agent",
+            Role::Approver => "approver",
+        }
+    }
+
+    /// Parses a stable name.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "agent" => Some(Role::Agent),
+            "approver" => Some(Role::Approver),
+            _ => None,
+        }
+    }
+}
+
+/// A stored API token. The secret itself is never stored, only its SHA-256 hash.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenRecord {
+    /// Public id of the token (safe to show and log).
+    pub id: String,
+    /// Hex SHA-256 of the full token string.
+    pub hash: String,
+    /// What it may do.
+    pub role: Role,
+    /// The tenant it is bound to; `None` only for admin tokens.
+    pub tenant: Option<TenantId>,
+    /// For agent tokens bound to one agent.
+    pub agent: Option<AgentId>,
+    /// A human label (who or what holds it).
+    pub label: String,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// Whether it has been revoked.
+    pub revoked: bool,
+}
+
+/// A grant of one tool to a whole tenant (`agent: None`) or to one agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Permission {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// `None` for tenant-wide.
+    pub agent: Option<AgentId>,
+    /// The tool granted (may name a tool not registered on this gateway).
+    pub tool: ToolName,
+    /// Disabled grants are kept but ignored.
+    pub enabled: bool,
+    /// When it was last changed.
+    pub updated_at: Timestamp,
+}
+
+/// The kill switch flag for tool calls.
+pub const TOOL_CALLING_ENABLED: &str = "tool_calling_enabled";
+
+/// Where a run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// Accepting calls.
+    Active,
+    /// At least one call awaits a human decision.
+    WaitingApproval,
+    /// Closed by its runtime.
+    Completed,
+}
+
+impl RunStatus {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Active => "active",
+            RunStatus::WaitingApproval => "waiting_approval",
+            RunStatus::Completed => "completed",
+        }
+    }
+
+    /// Parses a stable name.
+    pub fn parse(s: &str) -> Option<RunStatus> {
+        match s {
+            "active" => Some(RunStatus::Active),
+            "waiting_approval" => Some(RunStatus::WaitingApproval),
+            "completed" => Some(RunStatus::Completed),
+            _ => None,
+        }
+    }
+}
+
+/// One agent run with its manifest snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRecord {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The run's id.
+    pub id: RunId,
+    /// The agent driving it.
+    pub agent: AgentId,
+    /// Tools this run may call, fixed at creation.
+    pub manifest: Vec<ToolName>,
+    /// Status.
+    pub status: RunStatus,
+    /// Calls counted against the budget so far.
+    pub calls_used: i64,
+    /// The budget: at most this many counted calls.
+    pub max_calls: i64,
+    /// Open pending invocations.
+    pub pending_approvals: i64,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// One tool call, as the ledger keeps it. Inputs and outputs are stored redacted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCallRecord {
+    /// The call's id.
+    pub id: ToolCallId,
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The run.
+    pub run: RunId,
+    /// The agent.
+    pub agent: AgentId,
+    /// The tool name as requested (not necessarily a registered or even valid name), at most
+    /// 128 characters.
+    pub tool: String,
+    /// The action part of the tool name, when it parsed.
+    pub action: Option<String>,
+    /// The runtime's idempotency key.
+    pub tool_use_id: Option<ToolUseId>,
+    /// The caller's correlation id.
+    pub correlation_id: CorrelationId,
+    /// Where the call stands.
+    pub status: ToolCallStatus,
+    /// Hex SHA-256 of the arguments' canonical JSON text (empty when they did not parse).
+    pub args_hash: String,
+    /// The arguments, redacted.
+    pub input_redacted: Value,
+    /// The result, redacted.
+    pub output_redacted: Option<Value>,
+    /// Why it did not succeed.
+    pub error_code: Option<ErrorCode>,
+    /// A sanitized, redacted explanation.
+    pub error_text: Option<String>,
+    /// The policy decision that let it through or stopped it.
+    pub policy_decision_id: Option<String>,
+    /// The risk level policy assigned.
+    pub risk_level: Option<RiskLevel>,
+    /// Time spent in the connector.
+    pub duration_ms: Option<i64>,
+    /// Vendor attempts (retries included).
+    pub attempts: i64,
+    /// When the call was requested.
+    pub created_at: Timestamp,
+    /// When the record last changed.
+    pub updated_at: Timestamp,
+}
+
+/// One policy evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyDecisionRecord {
+    /// The decision's id.
+    pub id: String,
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The call it was made for.
+    pub tool_call_id: ToolCallId,
+    /// The tool.
+    pub tool: ToolName,
+    /// The outcome.
+    pub decision: Decision,
+    /// The risk level.
+    pub risk: RiskLevel,
+    /// Ids of the policies that decided it.
+    pub policy_ids: Vec<String>,
+    /// Version of the tenant's policy set that was in force.
+    pub policy_version: i64,
+    /// When it was made.
+    pub created_at: Timestamp,
+}
+
+/// Why a call is suspended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PendingOrigin {
+    /// Policy asked for a human decision.
+    ApprovalRequired,
+    /// Policy blocked the call; only Reject resolves the row.
+    PolicyDenied,
+    /// An approved execution failed; an operator may decide again.
+    ExecutionFailed,
+}
+
+impl PendingOrigin {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingOrigin::ApprovalRequired => "APPROVAL_REQUIRED",
+            PendingOrigin::PolicyDenied => "POLICY_DENIED",
+            PendingOrigin::ExecutionFailed => "EXECUTION_FAILED",
+        }
+    }
+
+    /// Parses a stable name.
+    pub fn parse(s: &str) -> Option<PendingOrigin> {
+        match s {
+            "APPROVAL_REQUIRED" => Some(PendingOrigin::ApprovalRequired),
+            "POLICY_DENIED" => Some(PendingOrigin::PolicyDenied),
+            "EXECUTION_FAILED" => Some(PendingOrigin::ExecutionFailed),
+            _ => None,
+        }
+    }
+}
+
+/// Where a pending invocation stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PendingState {
+    /// Awaiting a decision.
+    Pending,
+    /// Claimed by an approval.
+    Approved,
+    /// Rejected (or expired, which resolves as rejected).
+    Rejected,
+}
+
+impl PendingState {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingState::Pending => "pending",
+            PendingState::Approved => "approved",
+            PendingState::Rejected => "rejected",
+        }
+    }
+
+    /// Parses a stable name.
+    pub fn parse(s: &str) -> Option<PendingState> {
+        match s {
+            "pending" => Some(PendingState::Pending),
+            "approved" => Some(PendingState::Approved),
+            "rejected" => Some(PendingState::Rejected),
+            _ => None,
+        }
+    }
+}
+
+/// A suspended call, bound to the exact call that was suspended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingInvocation {
+    /// The invocation's id.
+    pub id: String,
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The run.
+    pub run: RunId,
+    /// The suspended call.
+    pub tool_call_id: ToolCallId,
+    /// The tool.
+    pub tool: ToolName,
+    /// The original arguments, needed to execute on approval. Kept only while pending.
+    pub arguments: Value,
+    /// Hex SHA-256 of the arguments.
+    pub args_hash: String,
+    /// The run's manifest when suspended.
+    pub manifest: Vec<ToolName>,
+    /// The policy set version that decided.
+    pub policy_version: i64,
+    /// Why it is suspended.
+    pub origin: PendingOrigin,
+    /// The decision that suspended it.
+    pub decision: Decision,
+    /// Where it stands.
+    pub state: PendingState,
+    /// Row version, bumped on every change; claims name the version they observed.
+    pub version: i64,
+    /// When it resolves as rejected if nobody decides.
+    pub expires_at: Timestamp,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// An append-only, hash-chained audit record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AuditEvent {
+    /// Global insertion order.
+    pub seq: i64,
+    /// The tenant whose chain it belongs to.
+    pub tenant: TenantId,
+    /// Position in the tenant's chain, from 1 without gaps.
+    pub chain_seq: i64,
+    /// e.g. `tool_call.requested`.
+    pub kind: String,
+    /// The run, when the event concerns one.
+    pub run: Option<RunId>,
+    /// The call, when the event concerns one.
+    pub tool_call_id: Option<ToolCallId>,
+    /// Redacted details.
+    pub payload: Value,
+    /// When it happened.
+    pub at: Timestamp,
+    /// Hash of the previous event in the tenant's chain (64 zeros for the first).
+    pub prev_hash: String,
+    /// This event's hash over `prev_hash` and its own fields.
+    pub hash: String,
+}
+
+/// An audit event to append; the store assigns sequence numbers and hashes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewAuditEvent {
+    /// The tenant whose chain it joins.
+    pub tenant: TenantId,
+    /// e.g. `tool_call.blocked`.
+    pub kind: String,
+    /// The run.
+    pub run: Option<RunId>,
+    /// The call.
+    pub tool_call_id: Option<ToolCallId>,
+    /// Details; must already be redacted.
+    pub payload: Value,
+    /// When it happened.
+    pub at: Timestamp,
+}
+
+/// One version of a tenant's Cedar policy set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicySetRecord {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// 1, 2, ... per tenant.
+    pub version: i64,
+    /// The Cedar source.
+    pub text: String,
+    /// Who uploaded it (token id).
+    pub created_by: String,
+    /// When.
+    pub created_at: Timestamp,
+}
+
+/// Everything written when a call is first recorded, in one atomic step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewCall {
+    /// The call row. Its status says what happened: `running` (about to execute),
+    /// `waiting_approval`, `blocked` or `failed`.
+    pub call: ToolCallRecord,
+    /// Whether this call counts against the run's budget. When it does and the budget is
+    /// used up, the store records the call as `blocked` with `BUDGET_EXCEEDED` instead.
+    pub count_against_budget: bool,
+    /// The policy decision, when policy was evaluated.
+    pub decision: Option<PolicyDecisionRecord>,
+    /// The pending invocation, when the call is suspended.
+    pub pending: Option<PendingInvocation>,
+    /// Audit events to append (in order) in the same transaction.
+    pub events: Vec<NewAuditEvent>,
+}
+
+/// What [`crate::Store::record_call`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RecordOutcome {
+    /// The call was recorded as given.
+    Recorded,
+    /// The budget was used up: the call was recorded as `blocked` / `BUDGET_EXCEEDED` (with a
+    /// `tool_call.blocked` audit event) instead of as given; here is that record.
+    BudgetExceeded(ToolCallRecord),
+    /// The run already has a call with this `tool_use_id`; nothing was written.
+    Duplicate(ToolCallRecord),
+}
+
+/// The terminal update of a running call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FinishCall {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The call.
+    pub id: ToolCallId,
+    /// `succeeded`, `failed`, `timed_out` or `outcome_unknown`.
+    pub status: ToolCallStatus,
+    /// The redacted result.
+    pub output_redacted: Option<Value>,
+    /// Why it did not succeed.
+    pub error_code: Option<ErrorCode>,
+    /// Sanitized, redacted explanation.
+    pub error_text: Option<String>,
+    /// Time spent in the connector.
+    pub duration_ms: i64,
+    /// Vendor attempts.
+    pub attempts: i64,
+    /// When it finished.
+    pub at: Timestamp,
+    /// Audit events to append in the same transaction.
+    pub events: Vec<NewAuditEvent>,
+}
+
+/// The result of checking every tenant's audit chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyReport {
+    /// Events checked.
+    pub events_checked: u64,
+    /// Chains (tenants) checked.
+    pub chains_checked: u64,
+    /// The first problem found, if any.
+    pub first_problem: Option<ChainProblem>,
+}
+
+/// Where a chain stops being trustworthy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainProblem {
+    /// The tenant whose chain is broken.
+    pub tenant: TenantId,
+    /// The chain position where it breaks.
+    pub chain_seq: i64,
+    /// What is wrong: edited, deleted, reordered or truncated.
+    pub kind: ChainProblemKind,
+    /// Human explanation.
+    pub detail: String,
+}
+
+/// Kinds of chain damage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainProblemKind {
+    /// An event's content no longer matches its hash.
+    Edited,
+    /// An event is missing (gap in chain positions, or the chain is shorter than its head).
+    Deleted,
+    /// Events are out of order (a predecessor hash does not match).
+    Reordered,
+}
+
+impl ChainProblemKind {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChainProblemKind::Edited => "edited",
+            ChainProblemKind::Deleted => "deleted",
+            ChainProblemKind::Reordered => "reordered",
+        }
+    }
+}

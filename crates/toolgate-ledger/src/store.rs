@@ -1,0 +1,132 @@
+//! The store interface the engine and gateway use. Each backend (SQLite today) implements it;
+//! nothing above this crate sees SQL.
+
+use toolgate_core::{AgentId, RunId, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId};
+
+use crate::error::LedgerError;
+use crate::model::{
+    Agent, AuditEvent, FinishCall, NewAuditEvent, NewCall, Permission, PolicySetRecord,
+    RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+};
+
+/// Durable state of the gateway. Every write is committed (fsync'd) before the call returns;
+/// implementations may batch concurrent writes into one transaction (group commit) but never
+/// acknowledge a write before it is durable.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    // --- tenants, agents, tokens -------------------------------------------------------
+
+    /// Creates a tenant. `LedgerError::AlreadyExists` when the id is taken.
+    async fn create_tenant(&self, tenant: Tenant) -> Result<(), LedgerError>;
+    /// One tenant.
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>, LedgerError>;
+    /// Every tenant, by id.
+    async fn list_tenants(&self) -> Result<Vec<Tenant>, LedgerError>;
+
+    /// Creates an agent. `NotFound` when the tenant does not exist, `AlreadyExists` when taken.
+    async fn create_agent(&self, agent: Agent) -> Result<(), LedgerError>;
+    /// One agent.
+    async fn get_agent(&self, tenant: &TenantId, id: &AgentId)
+    -> Result<Option<Agent>, LedgerError>;
+    /// A tenant's agents, by id.
+    async fn list_agents(&self, tenant: &TenantId) -> Result<Vec<Agent>, LedgerError>;
+
+    /// Stores a token (hashed). `NotFound` when its tenant or agent does not exist.
+    async fn create_token(&self, token: TokenRecord) -> Result<(), LedgerError>;
+    /// The token whose hash is `hash`, revoked or not.
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, LedgerError>;
+    /// Tokens of a tenant (`None`: admin tokens), never their secrets.
+    async fn list_tokens(&self, tenant: Option<&TenantId>)
+    -> Result<Vec<TokenRecord>, LedgerError>;
+    /// Revokes a token by id. `NotFound` when there is none.
+    async fn revoke_token(&self, id: &str) -> Result<(), LedgerError>;
+
+    // --- configuration -----------------------------------------------------------------
+
+    /// Creates or updates a grant. `NotFound` when the tenant or agent does not exist.
+    async fn put_permission(&self, permission: Permission) -> Result<(), LedgerError>;
+    /// A tenant's grants: tenant-wide ones and, with `agent`, that agent's too.
+    async fn list_permissions(
+        &self,
+        tenant: &TenantId,
+        agent: Option<&AgentId>,
+    ) -> Result<Vec<Permission>, LedgerError>;
+
+    /// Sets a feature flag. `NotFound` when the tenant does not exist.
+    async fn set_flag(
+        &self,
+        tenant: &TenantId,
+        flag: &str,
+        enabled: bool,
+        at: Timestamp,
+    ) -> Result<(), LedgerError>;
+    /// A feature flag; `None` when never set (callers apply the default).
+    async fn get_flag(&self, tenant: &TenantId, flag: &str) -> Result<Option<bool>, LedgerError>;
+
+    /// Stores a new version of a tenant's policy set and returns its version number (1, 2, ...).
+    /// The caller has already validated the text.
+    async fn put_policy_set(
+        &self,
+        tenant: &TenantId,
+        text: &str,
+        created_by: &str,
+        at: Timestamp,
+    ) -> Result<i64, LedgerError>;
+    /// The newest policy set of a tenant.
+    async fn current_policy_set(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Option<PolicySetRecord>, LedgerError>;
+
+    // --- runs and calls ----------------------------------------------------------------
+
+    /// Creates a run. `AlreadyExists` when the id is taken.
+    async fn create_run(&self, run: RunRecord) -> Result<(), LedgerError>;
+    /// One run of a tenant (`None` for another tenant's run).
+    async fn get_run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunRecord>, LedgerError>;
+
+    /// Records a new call with its decision, pending invocation and audit events atomically,
+    /// enforcing the run's budget and the `(run, tool_use_id)` idempotency key.
+    async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError>;
+    /// Moves a `running` call to its terminal status and appends its audit events. Returns
+    /// false (and writes nothing) when the call was not `running`.
+    async fn finish_call(&self, finish: FinishCall) -> Result<bool, LedgerError>;
+    /// One call of a tenant.
+    async fn get_tool_call(
+        &self,
+        tenant: &TenantId,
+        id: &ToolCallId,
+    ) -> Result<Option<ToolCallRecord>, LedgerError>;
+    /// The call of a run with this idempotency key.
+    async fn find_tool_call_by_use_id(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        tool_use_id: &ToolUseId,
+    ) -> Result<Option<ToolCallRecord>, LedgerError>;
+    /// A run's calls, oldest first, after `after` (a call id from a previous page).
+    async fn list_tool_calls(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        after: Option<&ToolCallId>,
+        limit: u32,
+    ) -> Result<Vec<ToolCallRecord>, LedgerError>;
+
+    // --- audit -------------------------------------------------------------------------
+
+    /// Appends audit events outside a call (e.g. rejected requests, admin changes).
+    async fn append_events(&self, events: Vec<NewAuditEvent>) -> Result<(), LedgerError>;
+    /// A tenant's audit events with `chain_seq > after`, in chain order.
+    async fn list_events(
+        &self,
+        tenant: &TenantId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, LedgerError>;
+    /// Checks every tenant's chain and reports the first event edited, deleted or reordered.
+    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError>;
+
+    /// Tools some grant names, for checking grants against the registry.
+    async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError>;
+}

@@ -1,0 +1,1 @@
+//! Placeholder until the policy crate lands.
