@@ -163,3 +163,33 @@ mod tests {
         );
     }
 }
+
+/// Why the secrets of a call could not be resolved.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecretError {
+    /// The tenant has no secret of that name.
+    #[error("secret `{0}` is not configured for this tenant")]
+    Missing(SecretName),
+    /// The secret exists but could not be read (a reference that does not resolve, a key
+    /// that is not loaded). The message names no secret value.
+    #[error("secret `{name}` could not be read: {reason}")]
+    Unavailable {
+        /// The secret.
+        name: SecretName,
+        /// Why, without any secret material.
+        reason: String,
+    },
+}
+
+/// Resolves a tenant's secrets by name. The engine asks only for the secrets a tool declares,
+/// for the call's own tenant; implementations live outside core (they do I/O).
+#[async_trait::async_trait]
+pub trait SecretSource: Send + Sync + fmt::Debug + 'static {
+    /// The named secrets of `tenant`, all or an error naming the first one that failed.
+    async fn resolve(
+        &self,
+        tenant: &TenantId,
+        names: &[SecretName],
+    ) -> Result<Secrets, SecretError>;
+}

@@ -171,7 +171,15 @@ impl ToolName {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
             let starts_with_letter = part.chars().next().is_some_and(|c| c.is_ascii_lowercase());
-            if part.is_empty() || part.len() > 64 || !valid_chars || !starts_with_letter {
+            // A family never contains `__`: LLM APIs forbid dots in tool names, so the
+            // gateway also accepts `family__action`, which must stay unambiguous.
+            let double_underscore = label == "family" && part.contains("__");
+            if part.is_empty()
+                || part.len() > 64
+                || !valid_chars
+                || !starts_with_letter
+                || double_underscore
+            {
                 return fail(format!(
                     "the {label} part of `{}` must be 1 to 64 of a-z, 0-9 and _, starting with a letter",
                     truncate_for_message(&full)
@@ -258,6 +266,8 @@ mod tests {
             ("Aws.list", false),
             ("aws.1list", false),
             ("aws.list.more", false),
+            ("my__fam.list", false),
+            ("my_fam.list__all", true),
         ];
         for (input, ok) in cases {
             assert_eq!(ToolName::new(*input).is_ok(), *ok, "{input:?}");

@@ -13,7 +13,9 @@ mod spec;
 #[cfg(feature = "testkit")]
 pub use clock::ManualClock;
 pub use clock::{Clock, SystemClock, Timestamp};
-pub use connector::{Connector, InvocationContext, SecretValue, Secrets, ToolOutput};
+pub use connector::{
+    Connector, InvocationContext, SecretError, SecretSource, SecretValue, Secrets, ToolOutput,
+};
 pub use decision::{Decision, RiskLevel, ToolCallStatus};
 pub use error::{ErrorCode, IdError, SpecError, ToolError};
 pub use ids::{

@@ -14,5 +14,5 @@ mod store;
 pub use chain::{GENESIS_HASH, event_hash};
 pub use error::LedgerError;
 pub use model::*;
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, WriterStats};
 pub use store::Store;

@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 use toolgate_core::{
-    AgentId, CorrelationId, Decision, ErrorCode, RiskLevel, RunId, TenantId, Timestamp,
-    ToolCallId, ToolCallStatus, ToolName, ToolUseId,
+    AgentId, CorrelationId, Decision, ErrorCode, RiskLevel, RunId, TenantId, Timestamp, ToolCallId,
+    ToolCallStatus, ToolName, ToolUseId,
 };
 
 /// A tenant (organisation).

@@ -26,8 +26,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Creates an agent. `NotFound` when the tenant does not exist, `AlreadyExists` when taken.
     async fn create_agent(&self, agent: Agent) -> Result<(), LedgerError>;
     /// One agent.
-    async fn get_agent(&self, tenant: &TenantId, id: &AgentId)
-    -> Result<Option<Agent>, LedgerError>;
+    async fn get_agent(
+        &self,
+        tenant: &TenantId,
+        id: &AgentId,
+    ) -> Result<Option<Agent>, LedgerError>;
     /// A tenant's agents, by id.
     async fn list_agents(&self, tenant: &TenantId) -> Result<Vec<Agent>, LedgerError>;
 
@@ -83,7 +86,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Creates a run. `AlreadyExists` when the id is taken.
     async fn create_run(&self, run: RunRecord) -> Result<(), LedgerError>;
     /// One run of a tenant (`None` for another tenant's run).
-    async fn get_run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunRecord>, LedgerError>;
+    async fn get_run(
+        &self,
+        tenant: &TenantId,
+        id: &RunId,
+    ) -> Result<Option<RunRecord>, LedgerError>;
 
     /// Records a new call with its decision, pending invocation and audit events atomically,
     /// enforcing the run's budget and the `(run, tool_use_id)` idempotency key.

@@ -1,0 +1,1195 @@
+//! The engine: runs, tool listing, and the execution pipeline.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use toolgate_core::{
+    AgentId, Clock, CorrelationId, Decision, ErrorCode, InvocationContext, Redactor, RunId,
+    SecretError, SecretSource, Secrets, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolError,
+    ToolName, ToolSpec, ToolUseId,
+};
+use toolgate_ledger::{
+    FinishCall, NewAuditEvent, NewCall, PendingInvocation, PendingOrigin, PendingState,
+    PolicyDecisionRecord, RecordOutcome, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED,
+    ToolCallRecord,
+};
+use toolgate_policy::{CompiledPolicy, PolicyDecision, PolicyRequest};
+use tracing::{debug, warn};
+
+use crate::catalog::{Catalog, parse_llm_tool_name};
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::invoke::{Invocation, invoke};
+use crate::outcome::{CreateRun, ExecuteOutcome, ExecuteRequest};
+
+/// How long a pending invocation waits for a human before it resolves as rejected.
+const PENDING_EXPIRY_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Longest tool name kept verbatim in the ledger for a call naming an unknown tool.
+const MAX_RECORDED_NAME: usize = 128;
+
+/// The chokepoint. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Engine {
+    store: Arc<dyn Store>,
+    catalog: Arc<Catalog>,
+    clock: Arc<dyn Clock>,
+    redactor: Redactor,
+    secrets: Option<Arc<dyn SecretSource>>,
+    config: EngineConfig,
+    default_policy: Arc<CompiledPolicy>,
+    runs: RwLock<HashMap<(TenantId, RunId), Arc<RunRecord>>>,
+    flags: RwLock<HashMap<TenantId, (bool, Instant)>>,
+    policies: RwLock<HashMap<TenantId, (PolicyState, Instant)>>,
+}
+
+/// A tenant's policy as loaded: compiled, or refused (then every call is blocked, fail closed).
+#[derive(Clone)]
+enum PolicyState {
+    Ready(Arc<CompiledPolicy>),
+    Broken(String),
+}
+
+/// The most runs kept in the in-memory run cache before it is emptied.
+const RUN_CACHE_LIMIT: usize = 100_000;
+
+impl Engine {
+    /// An engine over `store` serving the tools of `catalog`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        catalog: Arc<Catalog>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let default_policy =
+            CompiledPolicy::compile(catalog.policy_schema(), catalog.default_policy(), 0).map_err(
+                |err| {
+                    EngineError::FailedPrecondition(format!(
+                        "the generated default policy does not validate: {err}"
+                    ))
+                },
+            )?;
+        Ok(Engine {
+            store,
+            catalog,
+            clock,
+            redactor: Redactor::new(),
+            secrets: None,
+            config,
+            default_policy: Arc::new(default_policy),
+            runs: RwLock::new(HashMap::new()),
+            flags: RwLock::new(HashMap::new()),
+            policies: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Sets where tenant secrets come from. Without one, a tool that declares secrets fails
+    /// with `CREDENTIALS_NOT_FOUND`.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Arc<dyn SecretSource>) -> Engine {
+        self.secrets = Some(secrets);
+        self
+    }
+
+    /// The tools served.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The redactor everything stored passes through.
+    pub fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
+    // --- runs ----------------------------------------------------------------------------
+
+    /// Opens a run. Its manifest is every enabled grant of the tenant and of the agent. A grant
+    /// naming a tool this gateway does not serve is an error, so a misconfiguration is found
+    /// when the run opens rather than when the LLM first reaches for the tool.
+    pub async fn create_run(&self, request: CreateRun) -> Result<RunRecord, EngineError> {
+        let CreateRun {
+            tenant,
+            agent,
+            run,
+            max_calls,
+        } = request;
+        if self.store.get_agent(&tenant, &agent).await?.is_none() {
+            return Err(EngineError::NotFound(format!("agent `{agent}`")));
+        }
+        let run_id = match run {
+            Some(id) => RunId::new(id).map_err(|e| EngineError::InvalidRequest(e.to_string()))?,
+            None => RunId::new(format!("run_{}", uuid::Uuid::now_v7().simple()))
+                .map_err(|e| EngineError::InvalidRequest(e.to_string()))?,
+        };
+        let max_calls = match max_calls {
+            None | Some(0) => self.config.default_max_calls,
+            Some(n) if n > self.config.max_calls_limit => {
+                return Err(EngineError::InvalidRequest(format!(
+                    "max_calls {n} is above this gateway's limit of {}",
+                    self.config.max_calls_limit
+                )));
+            }
+            Some(n) => n,
+        };
+        let permissions = self.store.list_permissions(&tenant, Some(&agent)).await?;
+        let mut manifest: Vec<ToolName> = Vec::new();
+        for permission in permissions.into_iter().filter(|p| p.enabled) {
+            if !self.catalog.registry().contains(&permission.tool) {
+                let known: Vec<String> = self
+                    .catalog
+                    .registry()
+                    .names()
+                    .map(ToString::to_string)
+                    .collect();
+                return Err(EngineError::FailedPrecondition(format!(
+                    "a permission grants `{}`, which no connector on this gateway serves (registered tools: {}); disable or delete that permission",
+                    permission.tool,
+                    known.join(", ")
+                )));
+            }
+            if !manifest.contains(&permission.tool) {
+                manifest.push(permission.tool);
+            }
+        }
+        manifest.sort();
+        let record = RunRecord {
+            tenant: tenant.clone(),
+            id: run_id.clone(),
+            agent,
+            manifest,
+            status: RunStatus::Active,
+            calls_used: 0,
+            max_calls: i64::from(max_calls),
+            pending_approvals: 0,
+            created_at: self.clock.now(),
+        };
+        self.store.create_run(record.clone()).await?;
+        self.cache_run(Arc::new(record.clone()));
+        Ok(record)
+    }
+
+    /// A run of `tenant`, fresh from the store.
+    pub async fn get_run(&self, tenant: &TenantId, run: &RunId) -> Result<RunRecord, EngineError> {
+        self.store
+            .get_run(tenant, run)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(format!("run `{run}`")))
+    }
+
+    /// The specs of the tools a run may call.
+    pub async fn list_tools(
+        &self,
+        tenant: &TenantId,
+        agent: Option<&AgentId>,
+        run: &RunId,
+    ) -> Result<Vec<Arc<ToolSpec>>, EngineError> {
+        let run = self.cached_run(tenant, run).await?;
+        if agent.is_some_and(|a| *a != run.agent) {
+            return Err(EngineError::NotFound(format!("run `{}`", run.id)));
+        }
+        Ok(run
+            .manifest
+            .iter()
+            .filter_map(|name| self.catalog.registry().get(name.as_str()).ok())
+            .map(|(spec, _)| Arc::clone(spec))
+            .collect())
+    }
+
+    async fn cached_run(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<Arc<RunRecord>, EngineError> {
+        let key = (tenant.clone(), run.clone());
+        if let Some(found) = self.runs.read().expect("run cache lock").get(&key) {
+            return Ok(Arc::clone(found));
+        }
+        let record = self
+            .store
+            .get_run(tenant, run)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(format!("run `{run}`")))?;
+        let record = Arc::new(record);
+        self.cache_run(Arc::clone(&record));
+        Ok(record)
+    }
+
+    fn cache_run(&self, run: Arc<RunRecord>) {
+        let mut runs = self.runs.write().expect("run cache lock");
+        if runs.len() >= RUN_CACHE_LIMIT {
+            runs.clear();
+        }
+        runs.insert((run.tenant.clone(), run.id.clone()), run);
+    }
+
+    // --- flags and policies ----------------------------------------------------------------
+
+    /// Sets a tenant's feature flag and applies it to this process at once.
+    pub async fn set_flag(
+        &self,
+        tenant: &TenantId,
+        flag: &str,
+        enabled: bool,
+    ) -> Result<(), EngineError> {
+        self.store
+            .set_flag(tenant, flag, enabled, self.clock.now())
+            .await?;
+        if flag == TOOL_CALLING_ENABLED {
+            self.flags
+                .write()
+                .expect("flag cache lock")
+                .insert(tenant.clone(), (enabled, Instant::now()));
+        }
+        let at = self.clock.now();
+        self.store
+            .append_events(vec![NewAuditEvent {
+                tenant: tenant.clone(),
+                kind: "config.flag_set".into(),
+                run: None,
+                tool_call_id: None,
+                payload: json!({"flag": flag, "enabled": enabled}),
+                at,
+            }])
+            .await?;
+        Ok(())
+    }
+
+    async fn tool_calling_enabled(&self, tenant: &TenantId) -> Result<bool, EngineError> {
+        if let Some((enabled, at)) = self.flags.read().expect("flag cache lock").get(tenant)
+            && at.elapsed() < self.config.cache_ttl
+        {
+            return Ok(*enabled);
+        }
+        let enabled = self
+            .store
+            .get_flag(tenant, TOOL_CALLING_ENABLED)
+            .await?
+            .unwrap_or(false);
+        self.flags
+            .write()
+            .expect("flag cache lock")
+            .insert(tenant.clone(), (enabled, Instant::now()));
+        Ok(enabled)
+    }
+
+    /// Checks Cedar text against the registered tools without storing it.
+    pub fn validate_policy(&self, text: &str) -> Result<(), EngineError> {
+        CompiledPolicy::compile(self.catalog.policy_schema(), text, 0)
+            .map(|_| ())
+            .map_err(policy_error)
+    }
+
+    /// Validates and stores a new version of a tenant's policy set; it applies to this process
+    /// at once (and to others within the cache TTL).
+    pub async fn put_policy(
+        &self,
+        tenant: &TenantId,
+        text: &str,
+        created_by: &str,
+    ) -> Result<i64, EngineError> {
+        self.validate_policy(text)?;
+        if self.store.get_tenant(tenant).await?.is_none() {
+            return Err(EngineError::NotFound(format!("tenant `{tenant}`")));
+        }
+        let at = self.clock.now();
+        let version = self
+            .store
+            .put_policy_set(tenant, text, created_by, at)
+            .await?;
+        let compiled = CompiledPolicy::compile(self.catalog.policy_schema(), text, version)
+            .map_err(policy_error)?;
+        self.policies.write().expect("policy cache lock").insert(
+            tenant.clone(),
+            (PolicyState::Ready(Arc::new(compiled)), Instant::now()),
+        );
+        self.store
+            .append_events(vec![NewAuditEvent {
+                tenant: tenant.clone(),
+                kind: "config.policy_set".into(),
+                run: None,
+                tool_call_id: None,
+                payload: json!({"version": version, "by": created_by}),
+                at,
+            }])
+            .await?;
+        Ok(version)
+    }
+
+    /// The policy text and version in force for a tenant (version 0: the generated default).
+    pub async fn current_policy(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<(i64, String, Timestamp), EngineError> {
+        match self.store.current_policy_set(tenant).await? {
+            Some(set) => Ok((set.version, set.text, set.created_at)),
+            None => Ok((0, self.catalog.default_policy().to_owned(), Timestamp(0))),
+        }
+    }
+
+    async fn policy(&self, tenant: &TenantId) -> Result<PolicyState, EngineError> {
+        if let Some((state, at)) = self.policies.read().expect("policy cache lock").get(tenant)
+            && at.elapsed() < self.config.cache_ttl
+        {
+            return Ok(state.clone());
+        }
+        let state = match self.store.current_policy_set(tenant).await? {
+            None => PolicyState::Ready(Arc::clone(&self.default_policy)),
+            Some(set) => {
+                let cached_version =
+                    match self.policies.read().expect("policy cache lock").get(tenant) {
+                        Some((PolicyState::Ready(policy), _))
+                            if policy.version() == set.version =>
+                        {
+                            Some(Arc::clone(policy))
+                        }
+                        _ => None,
+                    };
+                match cached_version {
+                    Some(policy) => PolicyState::Ready(policy),
+                    None => match CompiledPolicy::compile(
+                        self.catalog.policy_schema(),
+                        &set.text,
+                        set.version,
+                    ) {
+                        Ok(policy) => PolicyState::Ready(Arc::new(policy)),
+                        Err(err) => {
+                            warn!(tenant = %tenant, version = set.version, error = %err, "stored policy set no longer validates; blocking calls");
+                            PolicyState::Broken(format!(
+                                "the tenant's policy set (version {}) no longer validates against the tools this gateway serves, so calls are blocked until an administrator uploads a valid one",
+                                set.version
+                            ))
+                        }
+                    },
+                }
+            }
+        };
+        self.policies
+            .write()
+            .expect("policy cache lock")
+            .insert(tenant.clone(), (state.clone(), Instant::now()));
+        Ok(state)
+    }
+
+    // --- calls -----------------------------------------------------------------------------
+
+    /// One recorded call of `tenant`.
+    pub async fn get_tool_call(
+        &self,
+        tenant: &TenantId,
+        id: &ToolCallId,
+    ) -> Result<ToolCallRecord, EngineError> {
+        self.store
+            .get_tool_call(tenant, id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(format!("tool call `{id}`")))
+    }
+
+    /// Executes one tool call through the whole pipeline.
+    ///
+    /// Tool failures (refusals, invalid arguments, vendor errors, timeouts) are `Ok` outcomes:
+    /// they are normal results the LLM can explain. `Err` means the request itself could not
+    /// be served (malformed ids, an unknown run, a reused tool_use_id, the ledger failing).
+    pub async fn execute(&self, request: ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
+        let requested_at = self.clock.now();
+        let ids = match self.parse_ids(&request) {
+            Ok(ids) => ids,
+            Err(message) => {
+                self.audit_rejected(&request, &message, requested_at)
+                    .await?;
+                return Err(EngineError::InvalidRequest(message));
+            }
+        };
+        let run = match self.cached_run(&request.tenant, &ids.run).await {
+            Ok(run) if request.agent.as_ref().is_none_or(|a| *a == run.agent) => run,
+            Ok(_) | Err(EngineError::NotFound(_)) => {
+                let message = format!("run `{}` not found", ids.run);
+                self.audit_rejected(&request, &message, requested_at)
+                    .await?;
+                return Err(EngineError::NotFound(format!("run `{}`", ids.run)));
+            }
+            Err(other) => return Err(other),
+        };
+
+        let parsed_name = parse_llm_tool_name(&request.tool);
+        let recorded_name = match &parsed_name {
+            Some(name) => name.to_string(),
+            None => request.tool.chars().take(MAX_RECORDED_NAME).collect(),
+        };
+        let arguments = self.parse_arguments(&request.arguments_json);
+        let (args_hash, input_redacted) = match &arguments {
+            Ok(value) => (hash_json(value), self.redactor.redact_json(value)),
+            Err(_) => (
+                String::new(),
+                self.redacted_raw_arguments(&request.arguments_json),
+            ),
+        };
+        let call_id = ToolCallId::new(format!("tc_{}", uuid::Uuid::now_v7().simple()))
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let mut call = ToolCallRecord {
+            id: call_id.clone(),
+            tenant: request.tenant.clone(),
+            run: run.id.clone(),
+            agent: run.agent.clone(),
+            tool: recorded_name.clone(),
+            action: parsed_name.as_ref().map(|n| n.action().to_owned()),
+            tool_use_id: ids.tool_use_id.clone(),
+            correlation_id: ids.correlation_id.clone(),
+            status: ToolCallStatus::Running,
+            args_hash,
+            input_redacted,
+            output_redacted: None,
+            error_code: None,
+            error_text: None,
+            policy_decision_id: None,
+            risk_level: None,
+            duration_ms: None,
+            attempts: 0,
+            created_at: requested_at,
+            updated_at: requested_at,
+        };
+        // Step 1: the request is audited in the same transaction as whatever happens to it.
+        let requested = self.event(
+            &call,
+            "tool_call.requested",
+            json!({
+                "tool": recorded_name,
+                "tool_use_id": ids.tool_use_id.as_ref().map(ToString::to_string),
+                "correlation_id": ids.correlation_id.to_string(),
+            }),
+        );
+
+        // Step 2: the tenant's kill switch.
+        if !self.tool_calling_enabled(&request.tenant).await? {
+            let error = ToolError::new(
+                ErrorCode::FeatureDisabled,
+                "tool execution is not enabled for this organization; an administrator can turn on the `tool_calling_enabled` flag",
+            );
+            return self
+                .refuse(
+                    call,
+                    requested,
+                    ToolCallStatus::Blocked,
+                    error,
+                    "feature_disabled",
+                    None,
+                )
+                .await;
+        }
+
+        // Step 3: the run's manifest.
+        let in_manifest = parsed_name
+            .as_ref()
+            .is_some_and(|name| run.manifest.contains(name));
+        if !in_manifest {
+            let available: Vec<&str> = run.manifest.iter().map(ToolName::as_str).collect();
+            let error = ToolError::new(
+                ErrorCode::NotInManifest,
+                format!(
+                    "tool `{}` is not allowed in this run; allowed tools: {}",
+                    recorded_name,
+                    if available.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        available.join(", ")
+                    }
+                ),
+            );
+            return self
+                .refuse(
+                    call,
+                    requested,
+                    ToolCallStatus::Blocked,
+                    error,
+                    "not_in_manifest",
+                    None,
+                )
+                .await;
+        }
+        let Some(name) = parsed_name else {
+            // Unreachable in practice: an unparsable name is never in a manifest.
+            return Err(EngineError::InvalidRequest(format!(
+                "invalid tool name `{recorded_name}`"
+            )));
+        };
+
+        // Step 4: resolve the tool to a connector.
+        let (spec, connector) = match self.catalog.registry().get(name.as_str()) {
+            Ok((spec, connector)) => (Arc::clone(spec), Arc::clone(connector)),
+            Err(unknown) => {
+                let error = ToolError::new(ErrorCode::UnknownTool, unknown.to_string());
+                return self
+                    .refuse(
+                        call,
+                        requested,
+                        ToolCallStatus::Failed,
+                        error,
+                        "unknown_tool",
+                        None,
+                    )
+                    .await;
+            }
+        };
+
+        // Step 5: the arguments.
+        let arguments = match arguments {
+            Ok(value) => value,
+            Err(message) => {
+                let error = ToolError::new(ErrorCode::InvalidArguments, message);
+                return self
+                    .refuse(
+                        call,
+                        requested,
+                        ToolCallStatus::Failed,
+                        error,
+                        "invalid_arguments",
+                        None,
+                    )
+                    .await;
+            }
+        };
+        if let Err(message) = self.catalog.validate(&name, &arguments) {
+            let error = ToolError::new(ErrorCode::InvalidArguments, message);
+            return self
+                .refuse(
+                    call,
+                    requested,
+                    ToolCallStatus::Failed,
+                    error,
+                    "invalid_arguments",
+                    None,
+                )
+                .await;
+        }
+
+        // Step 6: policy.
+        let policy = match self.policy(&request.tenant).await? {
+            PolicyState::Ready(policy) => policy,
+            PolicyState::Broken(reason) => {
+                let error = ToolError::new(ErrorCode::PolicyBlocked, reason);
+                return self
+                    .refuse(
+                        call,
+                        requested,
+                        ToolCallStatus::Blocked,
+                        error,
+                        "policy_unavailable",
+                        None,
+                    )
+                    .await;
+            }
+        };
+        let decision = policy.evaluate(&PolicyRequest {
+            tenant: &request.tenant,
+            agent: &run.agent,
+            run: &run.id,
+            tool: &spec,
+            arguments: &arguments,
+        });
+        let decision_record = self.decision_record(&call, &name, &decision);
+        call.policy_decision_id = Some(decision_record.id.clone());
+        call.risk_level = Some(decision.risk);
+
+        if decision.decision == Decision::Block {
+            let error = ToolError::new(
+                ErrorCode::PolicyBlocked,
+                format!("policy blocked this call: {}", decision.reason),
+            );
+            return self
+                .refuse(
+                    call,
+                    requested,
+                    ToolCallStatus::Blocked,
+                    error,
+                    "policy_blocked",
+                    Some((decision_record, &decision)),
+                )
+                .await;
+        }
+
+        // Step 7: suspend calls that need a human.
+        if decision.decision.needs_approval() {
+            return self
+                .suspend(
+                    call,
+                    requested,
+                    decision_record,
+                    &decision,
+                    &run,
+                    &name,
+                    arguments,
+                )
+                .await;
+        }
+
+        // Step 8: the `running` row, durable before the connector is called.
+        call.status = ToolCallStatus::Running;
+        let new_call = NewCall {
+            call: call.clone(),
+            count_against_budget: true,
+            decision: Some(decision_record),
+            pending: None,
+            events: vec![requested],
+        };
+        match self.store.record_call(new_call).await? {
+            RecordOutcome::Recorded => {}
+            RecordOutcome::BudgetExceeded(record) => {
+                return Ok(outcome_from_record(&record, false));
+            }
+            RecordOutcome::Duplicate(existing) => return self.replay(&call, existing),
+        }
+
+        // Step 9: credentials, only those the tool declares, for this tenant.
+        let secrets = match self.resolve_secrets(&request.tenant, &spec).await {
+            Ok(secrets) => secrets,
+            Err(err) => {
+                let error = ToolError::new(ErrorCode::CredentialsNotFound, err.to_string());
+                return self
+                    .finish(
+                        &call,
+                        ToolCallStatus::Failed,
+                        None,
+                        Some(error),
+                        Duration::ZERO,
+                        0,
+                        "credentials_missing",
+                        &decision,
+                    )
+                    .await;
+            }
+        };
+
+        // Step 10: the connector, under the engine's deadline.
+        let timeout = request
+            .timeout
+            .filter(|t| !t.is_zero())
+            .unwrap_or(spec.default_timeout)
+            .min(self.config.max_timeout);
+        let ctx = InvocationContext {
+            tenant: request.tenant.clone(),
+            agent: run.agent.clone(),
+            run: run.id.clone(),
+            tool_call_id: call.id.clone(),
+            correlation_id: call.correlation_id.clone(),
+            tool: name.clone(),
+            deadline: Instant::now() + timeout,
+            secrets,
+        };
+        let started = Instant::now();
+        let invocation = invoke(connector, ctx, name.clone(), arguments, timeout).await;
+        let elapsed = started.elapsed();
+
+        // Steps 11-13: normalize, record, return.
+        match invocation {
+            Invocation::Answered(Ok(output)) => {
+                self.finish(
+                    &call,
+                    ToolCallStatus::Succeeded,
+                    Some(output.result),
+                    None,
+                    elapsed,
+                    output.attempts,
+                    "succeeded",
+                    &decision,
+                )
+                .await
+            }
+            Invocation::Answered(Err(error)) => {
+                let sanitized = ToolError::new(
+                    error.code,
+                    self.redactor.redact_text(&error.message).into_owned(),
+                );
+                self.finish(
+                    &call,
+                    ToolCallStatus::Failed,
+                    None,
+                    Some(sanitized),
+                    elapsed,
+                    1,
+                    "connector_error",
+                    &decision,
+                )
+                .await
+            }
+            Invocation::TimedOut if spec.idempotent => {
+                let error = ToolError::new(
+                    ErrorCode::Timeout,
+                    format!("the tool did not answer within {} ms", timeout.as_millis()),
+                );
+                self.finish(
+                    &call,
+                    ToolCallStatus::TimedOut,
+                    None,
+                    Some(error),
+                    elapsed,
+                    1,
+                    "timeout",
+                    &decision,
+                )
+                .await
+            }
+            Invocation::TimedOut => {
+                let error = ToolError::new(
+                    ErrorCode::OutcomeUnknown,
+                    format!(
+                        "the tool did not answer within {} ms and is not idempotent: the vendor may or may not have acted, so do not retry without checking",
+                        timeout.as_millis()
+                    ),
+                );
+                self.finish(
+                    &call,
+                    ToolCallStatus::OutcomeUnknown,
+                    None,
+                    Some(error),
+                    elapsed,
+                    1,
+                    "timeout_not_idempotent",
+                    &decision,
+                )
+                .await
+            }
+            Invocation::Panicked => {
+                warn!(tool = %name, tool_call_id = %call.id, "connector panicked");
+                let error = ToolError::new(
+                    ErrorCode::Internal,
+                    "the tool failed unexpectedly and the call was not completed",
+                );
+                self.finish(
+                    &call,
+                    ToolCallStatus::Failed,
+                    None,
+                    Some(error),
+                    elapsed,
+                    1,
+                    "connector_panicked",
+                    &decision,
+                )
+                .await
+            }
+        }
+    }
+
+    // --- pipeline helpers --------------------------------------------------------------------
+
+    fn parse_ids(&self, request: &ExecuteRequest) -> Result<ParsedIds, String> {
+        let run = RunId::new(request.run.clone()).map_err(|e| e.to_string())?;
+        let tool_use_id = if request.tool_use_id.is_empty() {
+            None
+        } else {
+            Some(ToolUseId::new(request.tool_use_id.clone()).map_err(|e| e.to_string())?)
+        };
+        let correlation_id = if request.correlation_id.is_empty() {
+            CorrelationId::new(format!("corr_{}", uuid::Uuid::now_v7().simple()))
+        } else {
+            CorrelationId::new(request.correlation_id.clone())
+        }
+        .map_err(|e| e.to_string())?;
+        Ok(ParsedIds {
+            run,
+            tool_use_id,
+            correlation_id,
+        })
+    }
+
+    fn parse_arguments(&self, text: &str) -> Result<Value, String> {
+        if text.len() > self.config.max_argument_bytes {
+            return Err(format!(
+                "the arguments are {} bytes, more than the limit of {} bytes",
+                text.len(),
+                self.config.max_argument_bytes
+            ));
+        }
+        let text = if text.trim().is_empty() { "{}" } else { text };
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| format!("the arguments are not valid JSON: {e}"))?;
+        if !value.is_object() {
+            return Err("the arguments must be a JSON object".to_owned());
+        }
+        Ok(value)
+    }
+
+    /// What the ledger keeps of arguments that did not parse: a redacted, truncated excerpt,
+    /// nothing at all when they were oversize.
+    fn redacted_raw_arguments(&self, raw: &str) -> Value {
+        if raw.len() > self.config.max_argument_bytes {
+            return json!({"_unparsed": format!("[{} bytes omitted]", raw.len())});
+        }
+        let excerpt: String = raw.chars().take(1024).collect();
+        json!({"_unparsed": self.redactor.redact_text(&excerpt)})
+    }
+
+    fn event(&self, call: &ToolCallRecord, kind: &str, payload: Value) -> NewAuditEvent {
+        NewAuditEvent {
+            tenant: call.tenant.clone(),
+            kind: kind.to_owned(),
+            run: Some(call.run.clone()),
+            tool_call_id: Some(call.id.clone()),
+            payload,
+            at: self.clock.now(),
+        }
+    }
+
+    fn decision_record(
+        &self,
+        call: &ToolCallRecord,
+        tool: &ToolName,
+        decision: &PolicyDecision,
+    ) -> PolicyDecisionRecord {
+        PolicyDecisionRecord {
+            id: format!("pd_{}", uuid::Uuid::now_v7().simple()),
+            tenant: call.tenant.clone(),
+            tool_call_id: call.id.clone(),
+            tool: tool.clone(),
+            decision: decision.decision,
+            risk: decision.risk,
+            policy_ids: decision.policy_ids.clone(),
+            policy_version: decision.policy_version,
+            created_at: self.clock.now(),
+        }
+    }
+
+    /// Records a call that stops before execution, with its audit trail, and answers with it.
+    async fn refuse(
+        &self,
+        mut call: ToolCallRecord,
+        requested: NewAuditEvent,
+        status: ToolCallStatus,
+        error: ToolError,
+        reason: &str,
+        decision: Option<(PolicyDecisionRecord, &PolicyDecision)>,
+    ) -> Result<ExecuteOutcome, EngineError> {
+        let kind = if status == ToolCallStatus::Blocked {
+            "tool_call.blocked"
+        } else {
+            "tool_call.failed"
+        };
+        let mut payload = json!({"reason": reason, "error_code": error.code.as_str()});
+        if let Some((_, decision)) = &decision {
+            payload["decision"] = json!(decision.decision.as_str());
+            payload["policy_ids"] = json!(decision.policy_ids);
+            payload["policy_version"] = json!(decision.policy_version);
+        }
+        let terminal = self.event(&call, kind, payload);
+        call.status = status;
+        call.error_code = Some(error.code);
+        call.error_text = Some(self.redactor.redact_text(&error.message).into_owned());
+        let outcome_decision = decision.as_ref().map(|(_, d)| (d.decision, d.risk));
+        let new_call = NewCall {
+            call: call.clone(),
+            count_against_budget: false,
+            decision: decision.map(|(record, _)| record),
+            pending: None,
+            events: vec![requested, terminal],
+        };
+        match self.store.record_call(new_call).await? {
+            RecordOutcome::Recorded => {}
+            RecordOutcome::BudgetExceeded(record) => {
+                return Ok(outcome_from_record(&record, false));
+            }
+            RecordOutcome::Duplicate(existing) => return self.replay(&call, existing),
+        }
+        debug!(tool = %call.tool, code = %error.code, reason, "tool call refused");
+        Ok(ExecuteOutcome {
+            tool_call_id: Some(call.id),
+            status,
+            result: None,
+            error: Some(error),
+            duration: Duration::ZERO,
+            attempts: 0,
+            decision: outcome_decision.map(|(d, _)| d),
+            risk: outcome_decision.map(|(_, r)| r),
+            pending_invocation_id: None,
+            replayed: false,
+        })
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site; the fields are distinct parts of the suspended call"
+    )]
+    async fn suspend(
+        &self,
+        mut call: ToolCallRecord,
+        requested: NewAuditEvent,
+        decision_record: PolicyDecisionRecord,
+        decision: &PolicyDecision,
+        run: &RunRecord,
+        tool: &ToolName,
+        arguments: Value,
+    ) -> Result<ExecuteOutcome, EngineError> {
+        let now = self.clock.now();
+        let pending = PendingInvocation {
+            id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+            tenant: call.tenant.clone(),
+            run: run.id.clone(),
+            tool_call_id: call.id.clone(),
+            tool: tool.clone(),
+            arguments,
+            args_hash: call.args_hash.clone(),
+            manifest: run.manifest.clone(),
+            policy_version: decision.policy_version,
+            origin: PendingOrigin::ApprovalRequired,
+            decision: decision.decision,
+            state: PendingState::Pending,
+            version: 1,
+            expires_at: now.plus_ms(PENDING_EXPIRY_MS),
+            created_at: now,
+        };
+        let approval = self.event(
+            &call,
+            "tool_call.approval_requested",
+            json!({
+                "pending_invocation_id": pending.id,
+                "decision": decision.decision.as_str(),
+                "risk": decision.risk.as_str(),
+                "policy_ids": decision.policy_ids,
+                "policy_version": decision.policy_version,
+            }),
+        );
+        call.status = ToolCallStatus::WaitingApproval;
+        let pending_id = pending.id.clone();
+        let new_call = NewCall {
+            call: call.clone(),
+            count_against_budget: true,
+            decision: Some(decision_record),
+            pending: Some(pending),
+            events: vec![requested, approval],
+        };
+        match self.store.record_call(new_call).await? {
+            RecordOutcome::Recorded => {}
+            RecordOutcome::BudgetExceeded(record) => {
+                return Ok(outcome_from_record(&record, false));
+            }
+            RecordOutcome::Duplicate(existing) => return self.replay(&call, existing),
+        }
+        let who = if decision.decision == Decision::RequireClientApproval {
+            "the client"
+        } else {
+            "an expert"
+        };
+        Ok(ExecuteOutcome {
+            tool_call_id: Some(call.id),
+            status: ToolCallStatus::WaitingApproval,
+            result: None,
+            error: None,
+            duration: Duration::ZERO,
+            attempts: 0,
+            decision: Some(decision.decision),
+            risk: Some(decision.risk),
+            pending_invocation_id: Some(pending_id),
+            replayed: false,
+        })
+        .inspect(|_| debug!(tool = %tool, approver = who, "tool call awaits approval"))
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the terminal record has this many independent parts"
+    )]
+    async fn finish(
+        &self,
+        call: &ToolCallRecord,
+        status: ToolCallStatus,
+        result: Option<Value>,
+        error: Option<ToolError>,
+        elapsed: Duration,
+        attempts: u32,
+        reason: &str,
+        decision: &PolicyDecision,
+    ) -> Result<ExecuteOutcome, EngineError> {
+        let duration_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
+        let kind = match status {
+            ToolCallStatus::Succeeded => "tool_call.succeeded",
+            ToolCallStatus::TimedOut => "tool_call.timed_out",
+            ToolCallStatus::OutcomeUnknown => "tool_call.outcome_unknown",
+            _ => "tool_call.failed",
+        };
+        let mut payload =
+            json!({"tool": call.tool, "duration_ms": duration_ms, "attempts": attempts});
+        if let Some(error) = &error {
+            payload["reason"] = json!(reason);
+            payload["error_code"] = json!(error.code.as_str());
+        }
+        let output_redacted = result.as_ref().map(|r| self.redactor.redact_json(r));
+        let finish = FinishCall {
+            tenant: call.tenant.clone(),
+            id: call.id.clone(),
+            status,
+            output_redacted,
+            error_code: error.as_ref().map(|e| e.code),
+            error_text: error
+                .as_ref()
+                .map(|e| self.redactor.redact_text(&e.message).into_owned()),
+            duration_ms,
+            attempts: i64::from(attempts),
+            at: self.clock.now(),
+            events: vec![self.event(call, kind, payload)],
+        };
+        if !self.store.finish_call(finish).await? {
+            warn!(tool_call_id = %call.id, "call was no longer running when it finished; late result dropped");
+        }
+        Ok(ExecuteOutcome {
+            tool_call_id: Some(call.id.clone()),
+            status,
+            result,
+            error,
+            duration: elapsed,
+            attempts,
+            decision: Some(decision.decision),
+            risk: Some(decision.risk),
+            pending_invocation_id: None,
+            replayed: false,
+        })
+    }
+
+    async fn resolve_secrets(
+        &self,
+        tenant: &TenantId,
+        spec: &ToolSpec,
+    ) -> Result<Secrets, SecretError> {
+        if spec.required_secrets.is_empty() {
+            return Ok(Secrets::empty());
+        }
+        match &self.secrets {
+            Some(source) => source.resolve(tenant, &spec.required_secrets).await,
+            None => Err(SecretError::Unavailable {
+                name: spec.required_secrets[0].clone(),
+                reason: "this gateway has no credential store configured".to_owned(),
+            }),
+        }
+    }
+
+    /// The answer to a repeated `tool_use_id`: the recorded outcome when it is the same call,
+    /// an error when the tool or arguments differ.
+    fn replay(
+        &self,
+        attempted: &ToolCallRecord,
+        existing: ToolCallRecord,
+    ) -> Result<ExecuteOutcome, EngineError> {
+        let use_id = attempted
+            .tool_use_id
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        if existing.tool != attempted.tool {
+            return Err(EngineError::Conflict(format!(
+                "tool_use_id `{use_id}` was already used in this run for tool `{}`, not `{}`; use a new tool_use_id for a new call",
+                existing.tool, attempted.tool
+            )));
+        }
+        if existing.args_hash != attempted.args_hash {
+            return Err(EngineError::Conflict(format!(
+                "tool_use_id `{use_id}` was already used in this run with different arguments; use a new tool_use_id for a new call"
+            )));
+        }
+        Ok(outcome_from_record(&existing, true))
+    }
+
+    /// Audits a request refused before a call row could exist (malformed ids, unknown run).
+    async fn audit_rejected(
+        &self,
+        request: &ExecuteRequest,
+        message: &str,
+        at: Timestamp,
+    ) -> Result<(), EngineError> {
+        let tool: String = request.tool.chars().take(MAX_RECORDED_NAME).collect();
+        let event = NewAuditEvent {
+            tenant: request.tenant.clone(),
+            kind: "request.rejected".into(),
+            run: RunId::new(request.run.clone()).ok(),
+            tool_call_id: None,
+            payload: json!({
+                "operation": "execute_tool",
+                "tool": self.redactor.redact_text(&tool),
+                "reason": self.redactor.redact_text(message),
+            }),
+            at,
+        };
+        self.store.append_events(vec![event]).await?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("catalog", &self.catalog)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct ParsedIds {
+    run: RunId,
+    tool_use_id: Option<ToolUseId>,
+    correlation_id: CorrelationId,
+}
+
+fn policy_error(err: toolgate_policy::PolicyError) -> EngineError {
+    EngineError::InvalidPolicy(vec![err.to_string()])
+}
+
+/// Hex SHA-256 of a JSON value's canonical text: object keys sorted at every level, so two
+/// spellings of the same arguments hash alike (serde_json may preserve insertion order).
+pub(crate) fn hash_json(value: &Value) -> String {
+    let mut hasher = Sha256::new();
+    write_canonical(value, &mut hasher);
+    hex::encode(hasher.finalize())
+}
+
+fn write_canonical(value: &Value, hasher: &mut Sha256) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            hasher.update(b"{");
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    hasher.update(b",");
+                }
+                hasher.update(Value::String(key.clone()).to_string().as_bytes());
+                hasher.update(b":");
+                write_canonical(&map[key.as_str()], hasher);
+            }
+            hasher.update(b"}");
+        }
+        Value::Array(items) => {
+            hasher.update(b"[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    hasher.update(b",");
+                }
+                write_canonical(item, hasher);
+            }
+            hasher.update(b"]");
+        }
+        scalar => hasher.update(scalar.to_string().as_bytes()),
+    }
+}
+
+/// An outcome rebuilt from the ledger (for replays and budget refusals).
+fn outcome_from_record(record: &ToolCallRecord, replayed: bool) -> ExecuteOutcome {
+    let error = record
+        .error_code
+        .map(|code| ToolError::new(code, record.error_text.clone().unwrap_or_default()));
+    ExecuteOutcome {
+        tool_call_id: Some(record.id.clone()),
+        status: record.status,
+        result: record.output_redacted.clone(),
+        error,
+        duration: Duration::from_millis(
+            u64::try_from(record.duration_ms.unwrap_or(0)).unwrap_or(0),
+        ),
+        attempts: u32::try_from(record.attempts).unwrap_or(u32::MAX),
+        decision: None,
+        risk: record.risk_level,
+        pending_invocation_id: None,
+        replayed,
+    }
+}

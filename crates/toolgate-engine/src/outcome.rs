@@ -1,0 +1,76 @@
+//! Requests into and outcomes out of the engine.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use toolgate_core::{
+    AgentId, Decision, ErrorCode, RiskLevel, TenantId, ToolCallId, ToolCallStatus, ToolError,
+};
+
+/// One tool call as the agent runtime asked for it. Fields are raw: the engine validates them
+/// (so a malformed field is audited, not silently dropped by the transport).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecuteRequest {
+    /// The caller's tenant (from its token).
+    pub tenant: TenantId,
+    /// When the caller's token is bound to one agent, that agent: the run must be its own.
+    pub agent: Option<AgentId>,
+    /// The run id.
+    pub run: String,
+    /// The runtime's `tool_use` id (idempotency key); empty for none.
+    pub tool_use_id: String,
+    /// `family.action` or `family__action`.
+    pub tool: String,
+    /// The arguments as JSON text.
+    pub arguments_json: String,
+    /// The caller's correlation id; empty to generate one.
+    pub correlation_id: String,
+    /// A per-call timeout, clamped to the tool default and the gateway maximum.
+    pub timeout: Option<Duration>,
+}
+
+/// Opening a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateRun {
+    /// The caller's tenant.
+    pub tenant: TenantId,
+    /// The agent driving the run.
+    pub agent: AgentId,
+    /// A caller-chosen id, or `None` to generate one.
+    pub run: Option<String>,
+    /// The call budget, or `None` for the default.
+    pub max_calls: Option<u32>,
+}
+
+/// How one call ended (or where it stands, when it awaits approval).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecuteOutcome {
+    /// The ledger id; `None` only when no row could be written.
+    pub tool_call_id: Option<ToolCallId>,
+    /// Where the call stands.
+    pub status: ToolCallStatus,
+    /// The full, unredacted result on success. For a replayed call, the ledger's (redacted)
+    /// copy, since the full result is never stored.
+    pub result: Option<Value>,
+    /// Why it did not succeed.
+    pub error: Option<ToolError>,
+    /// Time spent in the connector.
+    pub duration: Duration,
+    /// Vendor attempts.
+    pub attempts: u32,
+    /// The policy decision, when evaluated.
+    pub decision: Option<Decision>,
+    /// The risk level, when evaluated.
+    pub risk: Option<RiskLevel>,
+    /// The pending invocation, when the call awaits a human decision.
+    pub pending_invocation_id: Option<String>,
+    /// Whether this repeats an earlier call with the same tool_use_id.
+    pub replayed: bool,
+}
+
+impl ExecuteOutcome {
+    /// The error code, if any.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        self.error.as_ref().map(|e| e.code)
+    }
+}

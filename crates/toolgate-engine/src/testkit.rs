@@ -1,0 +1,162 @@
+//! Test connectors (`testkit.*`): a no-op, an echo, a sleeper that never answers in time, a
+//! panicker, a failer and a payment-shaped tool for policy conditions. Compiled only for tests
+//! and with the `testkit` feature; never part of a production build.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolgate_core::{
+    Connector, ErrorCode, InvocationContext, RiskLevel, SecretName, Tag, ToolError, ToolName,
+    ToolOutput, ToolSpec,
+};
+
+/// The `testkit` family.
+#[derive(Debug, Default)]
+pub struct TestkitConnector;
+
+fn name(action: &str) -> ToolName {
+    ToolName::new(format!("testkit.{action}")).expect("static tool name")
+}
+
+#[async_trait::async_trait]
+impl Connector for TestkitConnector {
+    fn family(&self) -> &str {
+        "testkit"
+    }
+
+    fn tools(&self) -> Vec<ToolSpec> {
+        vec![
+            ToolSpec::new(
+                name("noop"),
+                "Does nothing and answers {\"ok\": true}.",
+                json!({"type": "object", "additionalProperties": false}),
+            )
+            .tag(Tag::READ_ONLY)
+            .idempotent(true),
+            ToolSpec::new(
+                name("echo"),
+                "Answers with the arguments it was given.",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "message": {"type": "string", "maxLength": 10000},
+                        "count": {"type": "integer", "minimum": 0},
+                        "api_token": {"type": "string"}
+                    },
+                    "required": ["message"],
+                    "additionalProperties": false
+                }),
+            )
+            .tag(Tag::READ_ONLY)
+            .idempotent(true),
+            ToolSpec::new(
+                name("sleep"),
+                "Sleeps for the given number of milliseconds, then answers.",
+                json!({
+                    "type": "object",
+                    "properties": {"ms": {"type": "integer", "minimum": 0}},
+                    "required": ["ms"]
+                }),
+            )
+            .tag(Tag::READ_ONLY)
+            .idempotent(true)
+            .timeout(Duration::from_millis(500)),
+            ToolSpec::new(
+                name("sleep_write"),
+                "Sleeps like testkit.sleep, but is a write that is not idempotent.",
+                json!({
+                    "type": "object",
+                    "properties": {"ms": {"type": "integer", "minimum": 0}},
+                    "required": ["ms"]
+                }),
+            )
+            .tag(Tag::WRITE)
+            .timeout(Duration::from_millis(500)),
+            ToolSpec::new(name("panic"), "Panics.", json!({"type": "object"}))
+                .tag(Tag::READ_ONLY)
+                .idempotent(true),
+            ToolSpec::new(
+                name("fail"),
+                "Fails with the given error code and message.",
+                json!({
+                    "type": "object",
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                    "required": ["code"]
+                }),
+            )
+            .tag(Tag::READ_ONLY)
+            .idempotent(true),
+            ToolSpec::new(
+                name("whoami"),
+                "Reports the tenant it runs for and the length of the secret it was given.",
+                json!({"type": "object"}),
+            )
+            .tag(Tag::READ_ONLY)
+            .idempotent(true)
+            .secret(SecretName::new("testkit_key").expect("static secret name")),
+            ToolSpec::new(
+                name("transfer"),
+                "Moves an amount of money to an account in a region.",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "amount": {"type": "integer", "minimum": 0},
+                        "region": {"type": "string"},
+                        "account": {"type": "string"}
+                    },
+                    "required": ["amount", "region", "account"]
+                }),
+            )
+            .tag(Tag::WRITE)
+            .tag(Tag::FINANCIAL)
+            .risk(RiskLevel::Medium),
+        ]
+    }
+
+    async fn invoke(
+        &self,
+        ctx: InvocationContext,
+        tool: &ToolName,
+        arguments: Value,
+    ) -> Result<ToolOutput, ToolError> {
+        match tool.action() {
+            "noop" => Ok(ToolOutput::new(json!({"ok": true}))),
+            "echo" => Ok(ToolOutput::new(arguments)),
+            "sleep" | "sleep_write" => {
+                let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(ToolOutput::new(json!({"slept_ms": ms})))
+            }
+            "panic" => panic!("testkit.panic was called"),
+            "fail" => {
+                let code = arguments
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .and_then(|c| c.parse::<ErrorCode>().ok())
+                    .unwrap_or(ErrorCode::VendorError);
+                let message = arguments
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the vendor refused")
+                    .to_owned();
+                Err(ToolError::new(code, message))
+            }
+            "whoami" => {
+                let key_len = ctx
+                    .secrets
+                    .get("testkit_key")
+                    .map_or(0, |k| k.expose().len());
+                Ok(ToolOutput::new(
+                    json!({"tenant": ctx.tenant.as_str(), "key_len": key_len}),
+                ))
+            }
+            "transfer" => Ok(ToolOutput::new(
+                json!({"transferred": arguments["amount"], "status": "done"}),
+            )),
+            other => Err(ToolError::new(
+                ErrorCode::UnknownTool,
+                format!("testkit has no action `{other}`"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,758 @@
+//! Pipeline tests: the engine over a real SQLite ledger file with the testkit connectors.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolgate_core::{
+    AgentId, Connector, ErrorCode, RunId, SecretError, SecretName, SecretSource, SecretValue,
+    Secrets, SystemClock, TenantId, Timestamp, ToolCallStatus, ToolName, ToolRegistry,
+};
+use toolgate_ledger::{
+    Agent, Permission, RunRecord, RunStatus, SqliteStore, Store, TOOL_CALLING_ENABLED, Tenant,
+};
+
+use crate::testkit::TestkitConnector;
+use crate::{
+    Catalog, CreateRun, Engine, EngineConfig, EngineError, ExecuteOutcome, ExecuteRequest,
+};
+
+struct Harness {
+    engine: Engine,
+    store: Arc<dyn Store>,
+    tenant: TenantId,
+    agent: AgentId,
+    _dir: tempfile::TempDir,
+}
+
+const TOOLS: &[&str] = &[
+    "testkit.noop",
+    "testkit.echo",
+    "testkit.sleep",
+    "testkit.sleep_write",
+    "testkit.panic",
+    "testkit.fail",
+    "testkit.transfer",
+    "testkit.whoami",
+];
+
+async fn harness() -> Harness {
+    harness_with(EngineConfig::default(), None).await
+}
+
+async fn harness_with(config: EngineConfig, secrets: Option<Arc<dyn SecretSource>>) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&dir.path().join("ledger.db"))
+            .await
+            .unwrap(),
+    );
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Arc::new(TestkitConnector) as Arc<dyn Connector>)
+        .unwrap();
+    let catalog = Arc::new(Catalog::new(registry).unwrap());
+    let mut engine =
+        Engine::new(Arc::clone(&store), catalog, Arc::new(SystemClock), config).unwrap();
+    if let Some(source) = secrets {
+        engine = engine.with_secrets(source);
+    }
+    let tenant = TenantId::new("acme").unwrap();
+    let agent = AgentId::new("support").unwrap();
+    store
+        .create_tenant(Tenant {
+            id: tenant.clone(),
+            name: "Acme".into(),
+            created_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    store
+        .create_agent(Agent {
+            tenant: tenant.clone(),
+            id: agent.clone(),
+            name: "Support".into(),
+            created_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    for tool in TOOLS {
+        store
+            .put_permission(Permission {
+                tenant: tenant.clone(),
+                agent: None,
+                tool: ToolName::new(*tool).unwrap(),
+                enabled: true,
+                updated_at: Timestamp(1),
+            })
+            .await
+            .unwrap();
+    }
+    engine
+        .set_flag(&tenant, TOOL_CALLING_ENABLED, true)
+        .await
+        .unwrap();
+    Harness {
+        engine,
+        store,
+        tenant,
+        agent,
+        _dir: dir,
+    }
+}
+
+impl Harness {
+    async fn run(&self, max_calls: Option<u32>) -> RunId {
+        self.engine
+            .create_run(CreateRun {
+                tenant: self.tenant.clone(),
+                agent: self.agent.clone(),
+                run: None,
+                max_calls,
+            })
+            .await
+            .unwrap()
+            .id
+    }
+
+    fn request(&self, run: &RunId, tool: &str, arguments: &str) -> ExecuteRequest {
+        ExecuteRequest {
+            tenant: self.tenant.clone(),
+            agent: None,
+            run: run.to_string(),
+            tool_use_id: String::new(),
+            tool: tool.to_owned(),
+            arguments_json: arguments.to_owned(),
+            correlation_id: String::new(),
+            timeout: None,
+        }
+    }
+
+    async fn call(&self, run: &RunId, tool: &str, arguments: &str) -> ExecuteOutcome {
+        self.engine
+            .execute(self.request(run, tool, arguments))
+            .await
+            .unwrap()
+    }
+
+    async fn ledger_row(&self, outcome: &ExecuteOutcome) -> toolgate_ledger::ToolCallRecord {
+        let id = outcome.tool_call_id.clone().expect("a ledger row");
+        self.store
+            .get_tool_call(&self.tenant, &id)
+            .await
+            .unwrap()
+            .expect("row exists")
+    }
+
+    async fn event_kinds(&self) -> Vec<String> {
+        self.store
+            .list_events(&self.tenant, 0, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn happy_path_returns_full_result_and_records_redacted_row() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let outcome = h
+        .call(
+            &run,
+            "testkit.echo",
+            r#"{"message": "hi", "api_token": "sk-live-123"}"#,
+        )
+        .await;
+    assert_eq!(outcome.status, ToolCallStatus::Succeeded, "{outcome:?}");
+    assert_eq!(
+        outcome.result,
+        Some(json!({"message": "hi", "api_token": "sk-live-123"}))
+    );
+    let row = h.ledger_row(&outcome).await;
+    assert_eq!(row.status, ToolCallStatus::Succeeded);
+    assert_eq!(
+        row.input_redacted,
+        json!({"message": "hi", "api_token": "[REDACTED]"})
+    );
+    assert_eq!(
+        row.output_redacted,
+        Some(json!({"message": "hi", "api_token": "[REDACTED]"}))
+    );
+    assert!(row.policy_decision_id.is_some());
+    let kinds = h.event_kinds().await;
+    assert!(
+        kinds.ends_with(&[
+            "tool_call.requested".to_owned(),
+            "tool_call.succeeded".to_owned()
+        ]),
+        "{kinds:?}"
+    );
+    let report = h.store.verify_chains().await.unwrap();
+    assert!(report.first_problem.is_none(), "{report:?}");
+}
+
+#[tokio::test]
+async fn llm_name_form_is_accepted() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let outcome = h.call(&run, "testkit__noop", "{}").await;
+    assert_eq!(outcome.status, ToolCallStatus::Succeeded, "{outcome:?}");
+}
+
+/// One refusal case: the tool and arguments, the expected status, code and a message fragment.
+struct Refusal {
+    tool: &'static str,
+    arguments: String,
+    status: ToolCallStatus,
+    code: ErrorCode,
+    message: &'static str,
+}
+
+#[tokio::test]
+async fn refusals_are_recorded_with_their_codes() {
+    let h = harness_with(
+        EngineConfig {
+            max_argument_bytes: 1024,
+            ..EngineConfig::default()
+        },
+        None,
+    )
+    .await;
+    let forbid = r#"
+        @id("allow-all") permit(principal, action, resource);
+        @id("no-paris") forbid(principal, action == Toolgate::Action::"testkit.transfer", resource)
+            when { context.args.region == "eu-west-3" };
+    "#;
+    h.engine
+        .put_policy(&h.tenant, forbid, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let cases = [
+        Refusal {
+            tool: "testkit.nope",
+            arguments: "{}".into(),
+            status: ToolCallStatus::Blocked,
+            code: ErrorCode::NotInManifest,
+            message: "testkit.echo",
+        },
+        Refusal {
+            tool: "not a tool",
+            arguments: "{}".into(),
+            status: ToolCallStatus::Blocked,
+            code: ErrorCode::NotInManifest,
+            message: "not allowed",
+        },
+        Refusal {
+            tool: "testkit.echo",
+            arguments: r#"{"count": 1}"#.into(),
+            status: ToolCallStatus::Failed,
+            code: ErrorCode::InvalidArguments,
+            message: "message",
+        },
+        Refusal {
+            tool: "testkit.echo",
+            arguments: r#"{"message": 5}"#.into(),
+            status: ToolCallStatus::Failed,
+            code: ErrorCode::InvalidArguments,
+            message: "/message",
+        },
+        Refusal {
+            tool: "testkit.echo",
+            arguments: r#"{"message": "x""#.into(),
+            status: ToolCallStatus::Failed,
+            code: ErrorCode::InvalidArguments,
+            message: "not valid JSON",
+        },
+        Refusal {
+            tool: "testkit.echo",
+            arguments: "[1]".into(),
+            status: ToolCallStatus::Failed,
+            code: ErrorCode::InvalidArguments,
+            message: "JSON object",
+        },
+        Refusal {
+            tool: "testkit.echo",
+            arguments: format!(r#"{{"message": "{}"}}"#, "a".repeat(2000)),
+            status: ToolCallStatus::Failed,
+            code: ErrorCode::InvalidArguments,
+            message: "limit of 1024 bytes",
+        },
+        Refusal {
+            tool: "testkit.transfer",
+            arguments: r#"{"amount": 5, "region": "eu-west-3", "account": "x"}"#.into(),
+            status: ToolCallStatus::Blocked,
+            code: ErrorCode::PolicyBlocked,
+            message: "",
+        },
+    ];
+    for case in cases {
+        let outcome = h.call(&run, case.tool, &case.arguments).await;
+        let label = format!(
+            "{} {}",
+            case.tool,
+            case.arguments.chars().take(60).collect::<String>()
+        );
+        assert_eq!(outcome.status, case.status, "{label}: {outcome:?}");
+        let error = outcome.error.clone().expect("an error");
+        assert_eq!(error.code, case.code, "{label}: {error:?}");
+        assert!(
+            error.message.contains(case.message),
+            "{label}: {}",
+            error.message
+        );
+        let row = h.ledger_row(&outcome).await;
+        assert_eq!(
+            (row.status, row.error_code),
+            (case.status, Some(case.code)),
+            "{label}"
+        );
+    }
+    let run_after = h.engine.get_run(&h.tenant, &run).await.unwrap();
+    assert_eq!(
+        run_after.calls_used, 0,
+        "refused calls do not use the budget"
+    );
+    let blocked = h
+        .event_kinds()
+        .await
+        .iter()
+        .filter(|k| *k == "tool_call.blocked")
+        .count();
+    assert_eq!(blocked, 3);
+}
+
+#[tokio::test]
+async fn kill_switch_blocks_before_anything_else() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    h.engine
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, false)
+        .await
+        .unwrap();
+    let outcome = h.call(&run, "testkit.echo", "{}").await;
+    assert_eq!(outcome.status, ToolCallStatus::Blocked);
+    assert_eq!(outcome.error_code(), Some(ErrorCode::FeatureDisabled));
+    assert!(
+        outcome
+            .error
+            .unwrap()
+            .message
+            .contains("tool_calling_enabled")
+    );
+}
+
+#[tokio::test]
+async fn new_tenants_start_with_tool_calling_disabled() {
+    let h = harness().await;
+    let other = TenantId::new("globex").unwrap();
+    h.store
+        .create_tenant(Tenant {
+            id: other.clone(),
+            name: "Globex".into(),
+            created_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    h.store
+        .create_agent(Agent {
+            tenant: other.clone(),
+            id: h.agent.clone(),
+            name: "x".into(),
+            created_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    let run = h
+        .engine
+        .create_run(CreateRun {
+            tenant: other.clone(),
+            agent: h.agent.clone(),
+            run: None,
+            max_calls: None,
+        })
+        .await
+        .unwrap();
+    let mut request = h.request(&run.id, "testkit.noop", "{}");
+    request.tenant = other;
+    let outcome = h.engine.execute(request).await.unwrap();
+    assert_eq!(outcome.error_code(), Some(ErrorCode::FeatureDisabled));
+}
+
+#[tokio::test]
+async fn unknown_tool_lists_registered_tools() {
+    let h = harness().await;
+    let run = RunId::new("run-stale").unwrap();
+    h.store
+        .create_run(RunRecord {
+            tenant: h.tenant.clone(),
+            id: run.clone(),
+            agent: h.agent.clone(),
+            manifest: vec![ToolName::new("gone.tool").unwrap()],
+            status: RunStatus::Active,
+            calls_used: 0,
+            max_calls: 10,
+            pending_approvals: 0,
+            created_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    let outcome = h.call(&run, "gone.tool", "{}").await;
+    assert_eq!(outcome.error_code(), Some(ErrorCode::UnknownTool));
+    let message = outcome.error.unwrap().message;
+    assert!(
+        message.contains("gone.tool") && message.contains("testkit.echo"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn argument_condition_suspends_the_call() {
+    let h = harness().await;
+    let policy = r#"
+        @id("transfers") permit(principal, action == Toolgate::Action::"testkit.transfer", resource);
+        @id("big-transfers") @decision("require_expert_approval") @risk("high")
+        permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
+            when { context.args.amount > 1000 };
+    "#;
+    h.engine
+        .put_policy(&h.tenant, policy, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let small = h
+        .call(
+            &run,
+            "testkit.transfer",
+            r#"{"amount": 10, "region": "us-east-1", "account": "a"}"#,
+        )
+        .await;
+    assert_eq!(small.status, ToolCallStatus::Succeeded, "{small:?}");
+    let big = h
+        .call(
+            &run,
+            "testkit.transfer",
+            r#"{"amount": 1500, "region": "us-east-1", "account": "a"}"#,
+        )
+        .await;
+    assert_eq!(big.status, ToolCallStatus::WaitingApproval, "{big:?}");
+    assert!(big.pending_invocation_id.is_some());
+    assert_eq!(big.risk, Some(toolgate_core::RiskLevel::High));
+    let row = h.ledger_row(&big).await;
+    assert_eq!(row.status, ToolCallStatus::WaitingApproval);
+    let run_after = h.engine.get_run(&h.tenant, &run).await.unwrap();
+    assert_eq!(run_after.pending_approvals, 1);
+    assert_eq!(run_after.status, RunStatus::WaitingApproval);
+    assert!(
+        h.event_kinds()
+            .await
+            .contains(&"tool_call.approval_requested".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_connector_that_never_answers_times_out_on_the_engines_clock() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let mut request = h.request(&run, "testkit.sleep", r#"{"ms": 60000}"#);
+    request.timeout = Some(Duration::from_millis(200));
+    let started = Instant::now();
+    let outcome = h.engine.execute(request).await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(outcome.status, ToolCallStatus::TimedOut);
+    assert_eq!(outcome.error_code(), Some(ErrorCode::Timeout));
+    assert!(
+        elapsed >= Duration::from_millis(200) && elapsed < Duration::from_millis(1200),
+        "{elapsed:?}"
+    );
+    assert_eq!(
+        h.ledger_row(&outcome).await.status,
+        ToolCallStatus::TimedOut
+    );
+    assert!(
+        h.event_kinds()
+            .await
+            .contains(&"tool_call.timed_out".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_non_idempotent_timeout_is_an_unknown_outcome() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let mut request = h.request(&run, "testkit.sleep_write", r#"{"ms": 60000}"#);
+    request.timeout = Some(Duration::from_millis(100));
+    let outcome = h.engine.execute(request).await.unwrap();
+    assert_eq!(outcome.status, ToolCallStatus::OutcomeUnknown);
+    assert_eq!(outcome.error_code(), Some(ErrorCode::OutcomeUnknown));
+    assert!(outcome.error.unwrap().message.contains("may or may not"));
+}
+
+#[tokio::test]
+async fn timeout_override_is_bounded_by_the_maximum() {
+    let h = harness_with(
+        EngineConfig {
+            max_timeout: Duration::from_millis(150),
+            ..EngineConfig::default()
+        },
+        None,
+    )
+    .await;
+    let run = h.run(None).await;
+    let mut request = h.request(&run, "testkit.sleep", r#"{"ms": 60000}"#);
+    request.timeout = Some(Duration::from_secs(3600));
+    let started = Instant::now();
+    let outcome = h.engine.execute(request).await.unwrap();
+    assert_eq!(outcome.status, ToolCallStatus::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn a_panicking_connector_fails_only_its_call() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let outcome = h.call(&run, "testkit.panic", "{}").await;
+    assert_eq!(outcome.status, ToolCallStatus::Failed);
+    assert_eq!(outcome.error_code(), Some(ErrorCode::Internal));
+    assert!(
+        !outcome
+            .error
+            .unwrap()
+            .message
+            .contains("testkit.panic was called"),
+        "panic text must not leak"
+    );
+    let next = h.call(&run, "testkit.noop", "{}").await;
+    assert_eq!(next.status, ToolCallStatus::Succeeded);
+}
+
+#[tokio::test]
+async fn connector_errors_are_sanitized_outcomes() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let outcome = h
+        .call(&run, "testkit.fail", r#"{"code": "VENDOR_RATE_LIMITED", "message": "slow down, token xoxb-1234567890-abcdefghij"}"#)
+        .await;
+    assert_eq!(outcome.status, ToolCallStatus::Failed);
+    assert_eq!(outcome.error_code(), Some(ErrorCode::VendorRateLimited));
+    let message = outcome.error.unwrap().message;
+    assert!(!message.contains("xoxb-"), "{message}");
+}
+
+#[tokio::test]
+async fn the_budget_is_enforced() {
+    let h = harness().await;
+    let run = h.run(Some(2)).await;
+    for _ in 0..2 {
+        assert_eq!(
+            h.call(&run, "testkit.noop", "{}").await.status,
+            ToolCallStatus::Succeeded
+        );
+    }
+    let third = h.call(&run, "testkit.noop", "{}").await;
+    assert_eq!(third.status, ToolCallStatus::Blocked);
+    assert_eq!(third.error_code(), Some(ErrorCode::BudgetExceeded));
+}
+
+#[tokio::test]
+async fn a_repeated_tool_use_id_replays_and_never_executes_twice() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let mut request = h.request(&run, "testkit.echo", r#"{"message": "once"}"#);
+    request.tool_use_id = "toolu_1".into();
+    let first = h.engine.execute(request.clone()).await.unwrap();
+    let again = h.engine.execute(request.clone()).await.unwrap();
+    assert!(!first.replayed && again.replayed);
+    assert_eq!(first.tool_call_id, again.tool_call_id);
+    let calls = h
+        .store
+        .list_tool_calls(&h.tenant, &run, None, 100)
+        .await
+        .unwrap();
+    assert_eq!(calls.len(), 1);
+    let mut reordered = request.clone();
+    reordered.arguments_json = r#"{ "message" :"once" }"#.into();
+    assert!(
+        h.engine.execute(reordered).await.unwrap().replayed,
+        "same arguments, other spelling"
+    );
+    request.arguments_json = r#"{"message": "twice"}"#.into();
+    let err = h.engine.execute(request).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::Conflict(ref m) if m.contains("different arguments")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_requests_are_refused_and_audited() {
+    let h = harness().await;
+    let mut request = h.request(&RunId::new("x").unwrap(), "testkit.noop", "{}");
+    request.run = String::new();
+    assert!(matches!(
+        h.engine.execute(request.clone()).await,
+        Err(EngineError::InvalidRequest(_))
+    ));
+    request.run = "r".repeat(500);
+    assert!(matches!(
+        h.engine.execute(request.clone()).await,
+        Err(EngineError::InvalidRequest(_))
+    ));
+    request.run = "no-such-run".into();
+    assert!(matches!(
+        h.engine.execute(request).await,
+        Err(EngineError::NotFound(_))
+    ));
+    let rejected = h
+        .event_kinds()
+        .await
+        .iter()
+        .filter(|k| *k == "request.rejected")
+        .count();
+    assert_eq!(rejected, 3);
+}
+
+#[tokio::test]
+async fn a_run_refuses_permissions_for_unserved_tools() {
+    let h = harness().await;
+    h.store
+        .put_permission(Permission {
+            tenant: h.tenant.clone(),
+            agent: Some(h.agent.clone()),
+            tool: ToolName::new("shopify.order_lookup").unwrap(),
+            enabled: true,
+            updated_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    let err = h
+        .engine
+        .create_run(CreateRun {
+            tenant: h.tenant.clone(),
+            agent: h.agent.clone(),
+            run: None,
+            max_calls: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("shopify.order_lookup"), "{err}");
+}
+
+#[derive(Debug)]
+struct OneSecretPerTenant;
+
+#[async_trait::async_trait]
+impl SecretSource for OneSecretPerTenant {
+    async fn resolve(
+        &self,
+        tenant: &TenantId,
+        names: &[SecretName],
+    ) -> Result<Secrets, SecretError> {
+        let mut secrets = Secrets::empty();
+        for name in names {
+            if tenant.as_str() != "acme" {
+                return Err(SecretError::Missing(name.clone()));
+            }
+            secrets.insert(name.clone(), SecretValue::new("twelve chars"));
+        }
+        Ok(secrets)
+    }
+}
+
+#[tokio::test]
+async fn declared_secrets_reach_the_connector_and_missing_ones_fail_clearly() {
+    let without = harness().await;
+    let run = without.run(None).await;
+    let outcome = without.call(&run, "testkit.whoami", "{}").await;
+    assert_eq!(outcome.error_code(), Some(ErrorCode::CredentialsNotFound));
+    assert_eq!(
+        without.ledger_row(&outcome).await.status,
+        ToolCallStatus::Failed
+    );
+
+    let with = harness_with(EngineConfig::default(), Some(Arc::new(OneSecretPerTenant))).await;
+    let run = with.run(None).await;
+    let outcome = with.call(&run, "testkit.whoami", "{}").await;
+    assert_eq!(
+        outcome.result,
+        Some(json!({"tenant": "acme", "key_len": 12})),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_policies_are_refused_with_the_problem() {
+    let h = harness().await;
+    let cases = [
+        (
+            "permit(principal, action, resource) when { context.args.amout > 1 };",
+            "amout",
+        ),
+        (
+            "permit(principal, action == Toolgate::Action::\"testkit.nosuch\", resource);",
+            "testkit.nosuch",
+        ),
+        ("permit(principal, action, resource", ""),
+    ];
+    for (text, fragment) in cases {
+        let err = h
+            .engine
+            .put_policy(&h.tenant, text, "test")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, EngineError::InvalidPolicy(_)),
+            "{text}: {err}"
+        );
+        assert!(err.to_string().contains(fragment), "{text}: {err}");
+    }
+    let (version, _, _) = h.engine.current_policy(&h.tenant).await.unwrap();
+    assert_eq!(version, 0, "nothing was stored");
+}
+
+#[tokio::test]
+async fn concurrent_calls_all_land_in_the_ledger() {
+    let h = Arc::new(harness().await);
+    let run = h.run(Some(1000)).await;
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let h = Arc::clone(&h);
+        let run = run.clone();
+        tasks.push(tokio::spawn(async move {
+            h.call(&run, "testkit.echo", &format!(r#"{{"message": "m{i}"}}"#))
+                .await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().status, ToolCallStatus::Succeeded);
+    }
+    let calls = h
+        .store
+        .list_tool_calls(&h.tenant, &run, None, 1000)
+        .await
+        .unwrap();
+    assert_eq!(calls.len(), 200);
+    assert!(calls.iter().all(|c| c.status == ToolCallStatus::Succeeded));
+    let run_after = h.engine.get_run(&h.tenant, &run).await.unwrap();
+    assert_eq!(run_after.calls_used, 200);
+    assert!(
+        h.store
+            .verify_chains()
+            .await
+            .unwrap()
+            .first_problem
+            .is_none()
+    );
+}
+
+#[test]
+fn argument_hashes_ignore_key_order() {
+    let a: Value = serde_json::from_str(r#"{"b": [1, {"y": 2, "x": 1}], "a": "s"}"#).unwrap();
+    let b: Value = serde_json::from_str(r#"{"a": "s", "b": [1, {"x": 1, "y": 2}]}"#).unwrap();
+    let c: Value = serde_json::from_str(r#"{"a": "s", "b": [{"x": 1, "y": 2}, 1]}"#).unwrap();
+    assert_eq!(crate::engine::hash_json(&a), crate::engine::hash_json(&b));
+    assert_ne!(crate::engine::hash_json(&a), crate::engine::hash_json(&c));
+}

@@ -1,0 +1,504 @@
+//! The SQLite ledger: one file in WAL mode, one writer task doing group commit, a small pool of
+//! read-only connections for queries.
+//!
+//! Durability: `synchronous = FULL`, so every COMMIT fsyncs the WAL before any caller of that
+//! batch is answered. (`NORMAL` in WAL mode survives a process crash but may lose the last
+//! commits on power loss, which would break the promise that an acknowledged write is durable.)
+//! Group commit is what keeps FULL cheap: one fsync covers every write queued while the previous
+//! batch was committing.
+//!
+//! One `SqliteStore` per database file: the writer caches chain heads on the assumption that it
+//! is the file's only writer. Several gateway replicas need the PostgreSQL backend.
+
+mod bulk;
+mod ops;
+mod rows;
+mod statements;
+mod steps;
+mod verify;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sqlx::ConnectOptions;
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use tokio::sync::{mpsc, oneshot};
+use toolgate_core::{AgentId, RunId, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId};
+
+use crate::error::LedgerError;
+use crate::model::{
+    Agent, AuditEvent, FinishCall, NewAuditEvent, NewCall, Permission, PolicySetRecord,
+    RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+};
+use crate::sqlite::ops::{
+    Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp,
+};
+use crate::sqlite::rows::{
+    agent_from_row, call_columns, call_from_row, event_columns, event_from_row, manifest_json,
+    permission_from_row, policy_set_from_row, read_error, run_from_row, tenant_from_row,
+    token_from_row,
+};
+use crate::sqlite::writer::{Counters, Writer};
+use crate::store::Store;
+
+/// The schema, embedded at compile time.
+static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
+
+/// Writes waiting for the writer before callers wait to enqueue (backpressure).
+const QUEUE_CAPACITY: usize = 4096;
+/// Prepared statements the write connection keeps: every multi-statement shape is one.
+const WRITE_STATEMENT_CACHE: usize = 256;
+/// Read-only connections for queries.
+const READ_CONNECTIONS: u32 = 4;
+/// How long a statement waits for a lock held by another connection.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The SQLite implementation of [`Store`].
+#[derive(Debug)]
+pub struct SqliteStore {
+    writer: mpsc::Sender<Command>,
+    read: SqlitePool,
+    counters: Arc<Counters>,
+}
+
+/// What the writer has done since the store was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions committed (each one fsync).
+    pub commits: u64,
+    /// Write operations answered, successful or not.
+    pub ops: u64,
+    /// Batches whose hot operations (calls, finishes, event appends) could not all be written
+    /// together (a repeated `tool_use_id`, a used-up budget, a missing run, ...) and were
+    /// written one by one instead.
+    pub bulk_fallbacks: u64,
+    /// Hot operations that could not be written in one round trip either and were redone
+    /// statement by statement.
+    pub step_by_step: u64,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the ledger at `path`, applies pending migrations and starts
+    /// the writer task. Must be called inside a Tokio runtime.
+    pub async fn open(path: &Path) -> Result<SqliteStore, LedgerError> {
+        SqliteStore::open_gated(path, None).await
+    }
+
+    /// A store whose writer waits for `start` before its first batch, so tests can queue
+    /// writes and see them committed as one batch.
+    #[cfg(test)]
+    async fn open_paused(path: &Path) -> Result<(SqliteStore, oneshot::Sender<()>), LedgerError> {
+        let (start, gate) = oneshot::channel();
+        let store = SqliteStore::open_gated(path, Some(gate)).await?;
+        Ok((store, start))
+    }
+
+    /// Writes waiting in the writer's queue.
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        self.writer.max_capacity() - self.writer.capacity()
+    }
+
+    async fn open_gated(
+        path: &Path,
+        gate: Option<oneshot::Receiver<()>>,
+    ) -> Result<SqliteStore, LedgerError> {
+        let shared = SqliteConnectOptions::new()
+            .filename(path)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        let write_options = shared
+            .clone()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .statement_cache_capacity(WRITE_STATEMENT_CACHE);
+        let display = path.display();
+        let mut conn = write_options.connect().await.map_err(|error| {
+            LedgerError::Database(format!("could not open ledger {display}: {error}"))
+        })?;
+        MIGRATOR.run(&mut conn).await.map_err(|error| {
+            LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
+        })?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .connect_with(shared.read_only(true))
+            .await
+            .map_err(|error| {
+                LedgerError::Database(format!("could not open ledger {display}: {error}"))
+            })?;
+
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters)).run(gate));
+        Ok(SqliteStore {
+            writer: tx,
+            read,
+            counters,
+        })
+    }
+
+    /// Commits every write queued so far, stops the writer and closes every connection. Writes
+    /// after this fail with [`LedgerError::Closed`]. Dropping the store also stops the writer
+    /// once the queued writes are committed, without waiting for it.
+    pub async fn close(&self) {
+        let (done, closed) = oneshot::channel();
+        if self.writer.send(Command::Close(done)).await.is_ok() {
+            // An error means the writer is gone already, which is what we wanted.
+            let _ = closed.await;
+        }
+        self.read.close().await;
+    }
+
+    /// Counters of the writer, e.g. to see how well writes are batched.
+    pub fn stats(&self) -> WriterStats {
+        WriterStats {
+            commits: self.counters.commits.load(Ordering::Relaxed),
+            ops: self.counters.ops.load(Ordering::Relaxed),
+            bulk_fallbacks: self.counters.bulk_fallbacks.load(Ordering::Relaxed),
+            step_by_step: self.counters.step_by_step.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Queues a write and waits until its batch has committed.
+    async fn submit(&self, kind: OpKind) -> Result<Reply, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.writer
+            .send(Command::Write(WriteOp { kind, reply }))
+            .await
+            .map_err(|_| LedgerError::Closed)?;
+        answer.await.map_err(|_| LedgerError::Closed)?
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn create_tenant(&self, tenant: Tenant) -> Result<(), LedgerError> {
+        self.submit(OpKind::CreateTenant(tenant)).await?.done()
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>, LedgerError> {
+        let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.read)
+            .await
+            .map_err(read_error)?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    async fn list_tenants(&self) -> Result<Vec<Tenant>, LedgerError> {
+        let rows = sqlx::query("SELECT id, name, created_at FROM tenants ORDER BY id")
+            .fetch_all(&self.read)
+            .await
+            .map_err(read_error)?;
+        rows.iter().map(tenant_from_row).collect()
+    }
+
+    async fn create_agent(&self, agent: Agent) -> Result<(), LedgerError> {
+        self.submit(OpKind::CreateAgent(agent)).await?.done()
+    }
+
+    async fn get_agent(
+        &self,
+        tenant: &TenantId,
+        id: &AgentId,
+    ) -> Result<Option<Agent>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT tenant, id, name, created_at FROM agents WHERE tenant = ? AND id = ?",
+        )
+        .bind(tenant.as_str())
+        .bind(id.as_str())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(agent_from_row).transpose()
+    }
+
+    async fn list_agents(&self, tenant: &TenantId) -> Result<Vec<Agent>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT tenant, id, name, created_at FROM agents WHERE tenant = ? ORDER BY id",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(agent_from_row).collect()
+    }
+
+    async fn create_token(&self, token: TokenRecord) -> Result<(), LedgerError> {
+        self.submit(OpKind::CreateToken(token)).await?.done()
+    }
+
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT id, hash, role, tenant, agent, label, created_at, revoked \
+             FROM api_tokens WHERE hash = ?",
+        )
+        .bind(hash.to_owned())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(token_from_row).transpose()
+    }
+
+    async fn list_tokens(
+        &self,
+        tenant: Option<&TenantId>,
+    ) -> Result<Vec<TokenRecord>, LedgerError> {
+        // `IS` matches NULL to NULL, so `None` lists the admin (tenant-less) tokens.
+        let rows = sqlx::query(
+            "SELECT id, hash, role, tenant, agent, label, created_at, revoked \
+             FROM api_tokens WHERE tenant IS ? ORDER BY id",
+        )
+        .bind(tenant.map(|tenant| tenant.as_str().to_owned()))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(token_from_row).collect()
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<(), LedgerError> {
+        self.submit(OpKind::RevokeToken(id.to_owned()))
+            .await?
+            .done()
+    }
+
+    async fn put_permission(&self, permission: Permission) -> Result<(), LedgerError> {
+        self.submit(OpKind::PutPermission(permission)).await?.done()
+    }
+
+    async fn list_permissions(
+        &self,
+        tenant: &TenantId,
+        agent: Option<&AgentId>,
+    ) -> Result<Vec<Permission>, LedgerError> {
+        // With no agent, `agent = NULL` matches nothing and only tenant-wide grants remain.
+        let rows = sqlx::query(
+            "SELECT tenant, agent, tool, enabled, updated_at FROM tool_permissions \
+             WHERE tenant = ?1 AND (agent IS NULL OR agent = ?2) \
+             ORDER BY tool, agent IS NOT NULL, agent",
+        )
+        .bind(tenant.as_str())
+        .bind(agent.map(|agent| agent.as_str().to_owned()))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(permission_from_row).collect()
+    }
+
+    async fn set_flag(
+        &self,
+        tenant: &TenantId,
+        flag: &str,
+        enabled: bool,
+        at: Timestamp,
+    ) -> Result<(), LedgerError> {
+        self.submit(OpKind::SetFlag {
+            tenant: tenant.clone(),
+            flag: flag.to_owned(),
+            enabled,
+            at,
+        })
+        .await?
+        .done()
+    }
+
+    async fn get_flag(&self, tenant: &TenantId, flag: &str) -> Result<Option<bool>, LedgerError> {
+        let enabled: Option<bool> =
+            sqlx::query_scalar("SELECT enabled FROM feature_flags WHERE tenant = ? AND flag = ?")
+                .bind(tenant.as_str())
+                .bind(flag.to_owned())
+                .fetch_optional(&self.read)
+                .await
+                .map_err(read_error)?;
+        Ok(enabled)
+    }
+
+    async fn put_policy_set(
+        &self,
+        tenant: &TenantId,
+        text: &str,
+        created_by: &str,
+        at: Timestamp,
+    ) -> Result<i64, LedgerError> {
+        self.submit(OpKind::PutPolicySet {
+            tenant: tenant.clone(),
+            text: text.to_owned(),
+            created_by: created_by.to_owned(),
+            at,
+        })
+        .await?
+        .version()
+    }
+
+    async fn current_policy_set(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Option<PolicySetRecord>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT tenant, version, text, created_by, created_at FROM policy_sets \
+             WHERE tenant = ? ORDER BY version DESC LIMIT 1",
+        )
+        .bind(tenant.as_str())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(policy_set_from_row).transpose()
+    }
+
+    async fn create_run(&self, run: RunRecord) -> Result<(), LedgerError> {
+        let manifest = manifest_json(&run.manifest);
+        self.submit(OpKind::CreateRun { run, manifest })
+            .await?
+            .done()
+    }
+
+    async fn get_run(
+        &self,
+        tenant: &TenantId,
+        id: &RunId,
+    ) -> Result<Option<RunRecord>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT id, tenant, agent, manifest, status, calls_used, max_calls, \
+             pending_approvals, created_at FROM runs WHERE tenant = ? AND id = ?",
+        )
+        .bind(tenant.as_str())
+        .bind(id.as_str())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError> {
+        let prepared = Box::new(PreparedCall::new(call));
+        self.submit(OpKind::RecordCall(prepared)).await?.recorded()
+    }
+
+    async fn finish_call(&self, finish: FinishCall) -> Result<bool, LedgerError> {
+        let prepared = Box::new(PreparedFinish::new(finish));
+        self.submit(OpKind::FinishCall(prepared)).await?.finished()
+    }
+
+    async fn get_tool_call(
+        &self,
+        tenant: &TenantId,
+        id: &ToolCallId,
+    ) -> Result<Option<ToolCallRecord>, LedgerError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            call_columns!(),
+            " FROM tool_calls WHERE tenant = ? AND id = ?"
+        ))
+        .bind(tenant.as_str())
+        .bind(id.as_str())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(call_from_row).transpose()
+    }
+
+    async fn find_tool_call_by_use_id(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        tool_use_id: &ToolUseId,
+    ) -> Result<Option<ToolCallRecord>, LedgerError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            call_columns!(),
+            " FROM tool_calls WHERE tenant = ? AND run = ? AND tool_use_id = ?"
+        ))
+        .bind(tenant.as_str())
+        .bind(run.as_str())
+        .bind(tool_use_id.as_str())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(call_from_row).transpose()
+    }
+
+    /// Pages follow insertion order. An `after` that names no call of this run yields an empty
+    /// page (never the first page again, which could make a client loop forever).
+    async fn list_tool_calls(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        after: Option<&ToolCallId>,
+        limit: u32,
+    ) -> Result<Vec<ToolCallRecord>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            call_columns!(),
+            " FROM tool_calls WHERE tenant = ?1 AND run = ?2 AND (?3 IS NULL OR seq > \
+             (SELECT seq FROM tool_calls WHERE id = ?3 AND tenant = ?1 AND run = ?2)) \
+             ORDER BY seq LIMIT ?4"
+        ))
+        .bind(tenant.as_str())
+        .bind(run.as_str())
+        .bind(after.map(|id| id.as_str().to_owned()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(call_from_row).collect()
+    }
+
+    async fn append_events(&self, events: Vec<NewAuditEvent>) -> Result<(), LedgerError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let prepared = events.into_iter().map(PreparedEvent::new).collect();
+        self.submit(OpKind::AppendEvents(prepared)).await?.done()
+    }
+
+    async fn list_events(
+        &self,
+        tenant: &TenantId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM audit_events WHERE tenant = ? AND chain_seq > ? ORDER BY chain_seq LIMIT ?"
+        ))
+        .bind(tenant.as_str())
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+        verify::verify_chains(&self.read).await
+    }
+
+    async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT tool FROM tool_permissions WHERE tenant = ? ORDER BY tool",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        names
+            .into_iter()
+            .map(|name| {
+                ToolName::new(name)
+                    .map_err(|error| LedgerError::Corrupt(format!("column tool: {error}")))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,195 @@
+//! Write operations as the writer task receives them. Callers encode JSON and copy what the
+//! writer needs before queueing, so the writer spends its time on SQL, not on serialization.
+
+use tokio::sync::oneshot;
+use toolgate_core::{TenantId, Timestamp};
+
+use crate::error::LedgerError;
+use crate::model::{
+    Agent, FinishCall, NewAuditEvent, NewCall, PendingInvocation, Permission, PolicyDecisionRecord,
+    RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+};
+use crate::sqlite::rows::manifest_json;
+
+/// A message to the writer task.
+#[derive(Debug)]
+pub(super) enum Command {
+    /// Run this write in the next batch.
+    Write(WriteOp),
+    /// Finish every write queued so far, stop accepting writes, close the connection, then
+    /// answer.
+    Close(oneshot::Sender<()>),
+}
+
+/// One write and where its answer goes once its batch has committed.
+#[derive(Debug)]
+pub(super) struct WriteOp {
+    pub(super) kind: OpKind,
+    pub(super) reply: oneshot::Sender<Result<Reply, LedgerError>>,
+}
+
+/// What to write.
+#[derive(Debug)]
+pub(super) enum OpKind {
+    CreateTenant(Tenant),
+    CreateAgent(Agent),
+    CreateToken(TokenRecord),
+    RevokeToken(String),
+    PutPermission(Permission),
+    SetFlag {
+        tenant: TenantId,
+        flag: String,
+        enabled: bool,
+        at: Timestamp,
+    },
+    PutPolicySet {
+        tenant: TenantId,
+        text: String,
+        created_by: String,
+        at: Timestamp,
+    },
+    CreateRun {
+        run: RunRecord,
+        manifest: String,
+    },
+    RecordCall(Box<PreparedCall>),
+    FinishCall(Box<PreparedFinish>),
+    AppendEvents(Vec<PreparedEvent>),
+}
+
+/// A successful write's answer.
+#[derive(Debug)]
+pub(super) enum Reply {
+    Done,
+    Version(i64),
+    Recorded(Box<RecordOutcome>),
+    Finished(bool),
+}
+
+impl Reply {
+    pub(super) fn done(self) -> Result<(), LedgerError> {
+        match self {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(super) fn version(self) -> Result<i64, LedgerError> {
+        match self {
+            Reply::Version(version) => Ok(version),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(super) fn recorded(self) -> Result<RecordOutcome, LedgerError> {
+        match self {
+            Reply::Recorded(outcome) => Ok(*outcome),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(super) fn finished(self) -> Result<bool, LedgerError> {
+        match self {
+            Reply::Finished(finished) => Ok(finished),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(reply: &Reply) -> LedgerError {
+    LedgerError::Database(format!("internal: unexpected writer reply {reply:?}"))
+}
+
+/// An audit event with its payload already encoded: exactly the text that is hashed and stored.
+#[derive(Clone, Debug)]
+pub(super) struct PreparedEvent {
+    pub(super) tenant: String,
+    pub(super) kind: String,
+    pub(super) run: Option<String>,
+    pub(super) tool_call_id: Option<String>,
+    pub(super) payload: String,
+    pub(super) at: i64,
+}
+
+impl PreparedEvent {
+    pub(super) fn new(event: NewAuditEvent) -> PreparedEvent {
+        PreparedEvent {
+            tenant: event.tenant.as_str().to_owned(),
+            kind: event.kind,
+            run: event.run.map(|run| run.as_str().to_owned()),
+            tool_call_id: event.tool_call_id.map(|id| id.as_str().to_owned()),
+            payload: event.payload.to_string(),
+            at: event.at.0,
+        }
+    }
+}
+
+/// [`NewCall`] with its JSON encoded.
+#[derive(Debug)]
+pub(super) struct PreparedCall {
+    pub(super) call: ToolCallRecord,
+    pub(super) input: String,
+    pub(super) output: Option<String>,
+    pub(super) count_against_budget: bool,
+    pub(super) decision: Option<(PolicyDecisionRecord, String)>,
+    pub(super) pending: Option<PreparedPending>,
+    pub(super) events: Vec<PreparedEvent>,
+}
+
+/// A pending invocation with its arguments and manifest encoded.
+#[derive(Debug)]
+pub(super) struct PreparedPending {
+    pub(super) record: PendingInvocation,
+    pub(super) arguments: String,
+    pub(super) manifest: String,
+}
+
+impl PreparedCall {
+    pub(super) fn new(new: NewCall) -> PreparedCall {
+        let NewCall {
+            call,
+            count_against_budget,
+            decision,
+            pending,
+            events,
+        } = new;
+        PreparedCall {
+            input: call.input_redacted.to_string(),
+            output: call.output_redacted.as_ref().map(ToString::to_string),
+            call,
+            count_against_budget,
+            decision: decision.map(|decision| {
+                let ids = serde_json::Value::from(decision.policy_ids.clone()).to_string();
+                (decision, ids)
+            }),
+            pending: pending.map(|record| PreparedPending {
+                arguments: record.arguments.to_string(),
+                manifest: manifest_json(&record.manifest),
+                record,
+            }),
+            events: events.into_iter().map(PreparedEvent::new).collect(),
+        }
+    }
+}
+
+/// [`FinishCall`] with its JSON encoded.
+#[derive(Debug)]
+pub(super) struct PreparedFinish {
+    pub(super) finish: FinishCall,
+    pub(super) output: Option<String>,
+    pub(super) events: Vec<PreparedEvent>,
+}
+
+impl PreparedFinish {
+    pub(super) fn new(mut finish: FinishCall) -> PreparedFinish {
+        let events = std::mem::take(&mut finish.events)
+            .into_iter()
+            .map(PreparedEvent::new)
+            .collect();
+        PreparedFinish {
+            output: finish.output_redacted.as_ref().map(ToString::to_string),
+            finish,
+            events,
+        }
+    }
+}

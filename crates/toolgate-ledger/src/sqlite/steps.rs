@@ -1,0 +1,530 @@
+//! Write operations executed one statement at a time, looking at each result before the next.
+//!
+//! Every administrative operation runs here (each is a single write, atomic by itself). The hot
+//! operations (`record_call`, `finish_call`, `append_events`) run here only when their
+//! one-round-trip form in the writer failed: then this code finds out exactly what happened (a
+//! repeated `tool_use_id`, a used-up budget, a missing run) and answers precisely. The writer
+//! wraps those runs in a savepoint, so a failure after some rows were written undoes exactly
+//! this operation.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+use sqlx::Row;
+use sqlx::sqlite::SqliteConnection;
+use toolgate_core::{ErrorCode, ToolCallStatus};
+
+use crate::chain::event_hash;
+use crate::error::LedgerError;
+use crate::model::{
+    Agent, Permission, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+};
+use crate::sqlite::ops::{OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply};
+use crate::sqlite::rows::{
+    Fail, SqlFailure, call_columns, call_from_row, read_failure, write_failure,
+};
+use crate::sqlite::statements::{
+    COUNT_ON_RUN_WITHIN_BUDGET, ChainLink, FINISH_RUNNING, INSERT_CALL, INSERT_DECISION,
+    INSERT_EVENT, INSERT_PENDING, SqlQuery, bind_call, bind_count_on_run, bind_decision,
+    bind_event, bind_finish, bind_pending,
+};
+use crate::sqlite::writer::{Head, load_head};
+
+/// The audit event kind kept when a call is blocked for its budget.
+const REQUESTED_EVENT: &str = "tool_call.requested";
+
+/// One operation's view of the writer.
+pub(super) struct Steps<'w> {
+    pub(super) conn: &'w mut SqliteConnection,
+    pub(super) heads: &'w mut HashMap<String, Head>,
+    /// Chain heads this operation moved, each with the head it replaced, oldest first; the
+    /// writer restores them if the operation is rolled back and records them as moved if not.
+    pub(super) undo: Vec<(String, Head)>,
+}
+
+impl Steps<'_> {
+    pub(super) async fn apply(&mut self, op: &OpKind) -> Result<Reply, Fail> {
+        match op {
+            OpKind::CreateTenant(tenant) => self.create_tenant(tenant).await,
+            OpKind::CreateAgent(agent) => self.create_agent(agent).await,
+            OpKind::CreateToken(token) => self.create_token(token).await,
+            OpKind::RevokeToken(id) => self.revoke_token(id).await,
+            OpKind::PutPermission(permission) => self.put_permission(permission).await,
+            OpKind::SetFlag {
+                tenant,
+                flag,
+                enabled,
+                at,
+            } => {
+                let upsert = sqlx::query(
+                    "INSERT INTO feature_flags (tenant, flag, enabled, updated_at) \
+                     VALUES (?, ?, ?, ?) ON CONFLICT (tenant, flag) DO UPDATE \
+                     SET enabled = excluded.enabled, updated_at = excluded.updated_at",
+                )
+                .bind(tenant.as_str().to_owned())
+                .bind(flag.clone())
+                .bind(*enabled)
+                .bind(at.0);
+                self.write(upsert).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("flag {flag} of tenant {tenant}"),
+                        || LedgerError::NotFound(format!("tenant {tenant}")),
+                    )
+                })?;
+                Ok(Reply::Done)
+            }
+            OpKind::PutPolicySet {
+                tenant,
+                text,
+                created_by,
+                at,
+            } => {
+                let insert = sqlx::query(
+                    "INSERT INTO policy_sets (tenant, version, text, created_by, created_at) \
+                     SELECT ?1, COALESCE(MAX(version), 0) + 1, ?2, ?3, ?4 \
+                     FROM policy_sets WHERE tenant = ?1 RETURNING version",
+                )
+                .bind(tenant.as_str().to_owned())
+                .bind(text.clone())
+                .bind(created_by.clone())
+                .bind(at.0);
+                let row = insert.fetch_one(&mut *self.conn).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("a policy set version of tenant {tenant}"),
+                        || LedgerError::NotFound(format!("tenant {tenant}")),
+                    )
+                })?;
+                let version: i64 = row.try_get("version").map_err(read_failure)?;
+                Ok(Reply::Version(version))
+            }
+            OpKind::CreateRun { run, manifest } => self.create_run(run, manifest).await,
+            OpKind::RecordCall(call) => self
+                .record_call(call)
+                .await
+                .map(|outcome| Reply::Recorded(Box::new(outcome))),
+            OpKind::FinishCall(finish) => self.finish_call(finish).await.map(Reply::Finished),
+            OpKind::AppendEvents(events) => {
+                for event in events {
+                    self.append(event).await?;
+                }
+                Ok(Reply::Done)
+            }
+        }
+    }
+
+    /// Runs a write statement; returns the rows it changed.
+    async fn write(&mut self, query: SqlQuery) -> Result<u64, sqlx::Error> {
+        Ok(query.execute(&mut *self.conn).await?.rows_affected())
+    }
+
+    async fn exists(&mut self, query: SqlQuery) -> Result<bool, Fail> {
+        let row = query
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(read_failure)?;
+        Ok(row.is_some())
+    }
+
+    /// After a foreign key violation: which of tenant and agent is missing.
+    async fn missing_parent(
+        &mut self,
+        tenant: &str,
+        agent: Option<&str>,
+    ) -> Result<LedgerError, Fail> {
+        let tenant_exists = self
+            .exists(sqlx::query("SELECT 1 FROM tenants WHERE id = ?").bind(tenant.to_owned()))
+            .await?;
+        if !tenant_exists {
+            return Ok(LedgerError::NotFound(format!("tenant {tenant}")));
+        }
+        match agent {
+            Some(agent) => Ok(LedgerError::NotFound(format!("agent {tenant}/{agent}"))),
+            None => Ok(LedgerError::NotFound(format!(
+                "a parent row of tenant {tenant}"
+            ))),
+        }
+    }
+
+    async fn create_tenant(&mut self, tenant: &Tenant) -> Result<Reply, Fail> {
+        let insert = sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES (?, ?, ?)")
+            .bind(tenant.id.as_str().to_owned())
+            .bind(tenant.name.clone())
+            .bind(tenant.created_at.0);
+        self.write(insert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("tenant {}", tenant.id),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )
+        })?;
+        Ok(Reply::Done)
+    }
+
+    async fn create_agent(&mut self, agent: &Agent) -> Result<Reply, Fail> {
+        let insert =
+            sqlx::query("INSERT INTO agents (tenant, id, name, created_at) VALUES (?, ?, ?, ?)")
+                .bind(agent.tenant.as_str().to_owned())
+                .bind(agent.id.as_str().to_owned())
+                .bind(agent.name.clone())
+                .bind(agent.created_at.0);
+        self.write(insert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("agent {}/{}", agent.tenant, agent.id),
+                || LedgerError::NotFound(format!("tenant {}", agent.tenant)),
+            )
+        })?;
+        Ok(Reply::Done)
+    }
+
+    async fn create_token(&mut self, token: &TokenRecord) -> Result<Reply, Fail> {
+        let insert = sqlx::query(
+            "INSERT INTO api_tokens (id, hash, role, tenant, agent, label, created_at, revoked) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(token.id.clone())
+        .bind(token.hash.clone())
+        .bind(token.role.as_str())
+        .bind(
+            token
+                .tenant
+                .as_ref()
+                .map(|tenant| tenant.as_str().to_owned()),
+        )
+        .bind(token.agent.as_ref().map(|agent| agent.as_str().to_owned()))
+        .bind(token.label.clone())
+        .bind(token.created_at.0)
+        .bind(token.revoked);
+        let Err(error) = self.write(insert).await else {
+            return Ok(Reply::Done);
+        };
+        match SqlFailure::classify(&error) {
+            SqlFailure::ForeignKey => {
+                let tenant = token.tenant.as_ref().map_or("", |tenant| tenant.as_str());
+                let agent = token.agent.as_ref().map(|agent| agent.as_str());
+                Err(Fail::Op(self.missing_parent(tenant, agent).await?))
+            }
+            // Never name the hash: it identifies the secret.
+            _ => Err(write_failure(
+                &error,
+                || format!("token {} (or a token with the same secret)", token.id),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )),
+        }
+    }
+
+    async fn revoke_token(&mut self, id: &str) -> Result<Reply, Fail> {
+        let update =
+            sqlx::query("UPDATE api_tokens SET revoked = 1 WHERE id = ?").bind(id.to_owned());
+        let changed = self.write(update).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("token {id}"),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )
+        })?;
+        if changed == 0 {
+            return Err(Fail::Op(LedgerError::NotFound(format!("token {id}"))));
+        }
+        Ok(Reply::Done)
+    }
+
+    async fn put_permission(&mut self, permission: &Permission) -> Result<Reply, Fail> {
+        // Each case names its own partial unique index as the conflict target.
+        let sql = match permission.agent {
+            None => {
+                "INSERT INTO tool_permissions (tenant, agent, tool, enabled, updated_at) \
+                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, tool) WHERE agent IS NULL \
+                 DO UPDATE SET enabled = excluded.enabled, updated_at = excluded.updated_at"
+            }
+            Some(_) => {
+                "INSERT INTO tool_permissions (tenant, agent, tool, enabled, updated_at) \
+                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, agent, tool) \
+                 WHERE agent IS NOT NULL \
+                 DO UPDATE SET enabled = excluded.enabled, updated_at = excluded.updated_at"
+            }
+        };
+        let upsert = sqlx::query(sql)
+            .bind(permission.tenant.as_str().to_owned())
+            .bind(
+                permission
+                    .agent
+                    .as_ref()
+                    .map(|agent| agent.as_str().to_owned()),
+            )
+            .bind(permission.tool.as_str().to_owned())
+            .bind(permission.enabled)
+            .bind(permission.updated_at.0);
+        let Err(error) = self.write(upsert).await else {
+            return Ok(Reply::Done);
+        };
+        match SqlFailure::classify(&error) {
+            SqlFailure::ForeignKey => {
+                let agent = permission.agent.as_ref().map(|agent| agent.as_str());
+                let missing = self
+                    .missing_parent(permission.tenant.as_str(), agent)
+                    .await?;
+                Err(Fail::Op(missing))
+            }
+            _ => Err(write_failure(
+                &error,
+                || format!("grant of {}", permission.tool),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )),
+        }
+    }
+
+    async fn create_run(&mut self, run: &RunRecord, manifest: &str) -> Result<Reply, Fail> {
+        let insert = sqlx::query(
+            "INSERT INTO runs (id, tenant, agent, manifest, status, calls_used, max_calls, \
+             pending_approvals, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(run.id.as_str().to_owned())
+        .bind(run.tenant.as_str().to_owned())
+        .bind(run.agent.as_str().to_owned())
+        .bind(manifest.to_owned())
+        .bind(run.status.as_str())
+        .bind(run.calls_used)
+        .bind(run.max_calls)
+        .bind(run.pending_approvals)
+        .bind(run.created_at.0);
+        let Err(error) = self.write(insert).await else {
+            return Ok(Reply::Done);
+        };
+        match SqlFailure::classify(&error) {
+            SqlFailure::ForeignKey => {
+                let missing = self
+                    .missing_parent(run.tenant.as_str(), Some(run.agent.as_str()))
+                    .await?;
+                Err(Fail::Op(missing))
+            }
+            _ => Err(write_failure(
+                &error,
+                || format!("run {}", run.id),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )),
+        }
+    }
+
+    /// See `Store::record_call`. The call row goes in first, so a repeated `tool_use_id` is
+    /// found before anything else is written.
+    async fn record_call(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
+        let insert = bind_call(sqlx::query(INSERT_CALL), prepared);
+        if let Err(error) = self.write(insert).await {
+            return self.call_insert_failure(call, &error).await;
+        }
+
+        if prepared.count_against_budget || prepared.pending.is_some() {
+            let update = bind_count_on_run(sqlx::query(COUNT_ON_RUN_WITHIN_BUDGET), prepared)
+                .bind(i64::from(prepared.count_against_budget));
+            let changed = self.write(update).await.map_err(|error| {
+                write_failure(
+                    &error,
+                    || format!("run {}", call.run),
+                    || LedgerError::NotFound(format!("run {}", call.run)),
+                )
+            })?;
+            if changed == 0 {
+                // The call row's foreign key proved the run exists: its budget is used up.
+                return self.block_for_budget(prepared).await;
+            }
+        }
+
+        if let Some(decision) = &prepared.decision {
+            let insert = bind_decision(sqlx::query(INSERT_DECISION), decision);
+            self.write(insert).await.map_err(|error| {
+                write_failure(
+                    &error,
+                    || format!("policy decision {}", decision.0.id),
+                    || LedgerError::NotFound(format!("tool call {}", decision.0.tool_call_id)),
+                )
+            })?;
+        }
+
+        if let Some(pending) = &prepared.pending {
+            let insert = bind_pending(sqlx::query(INSERT_PENDING), pending);
+            self.write(insert).await.map_err(|error| {
+                write_failure(
+                    &error,
+                    || format!("pending invocation {}", pending.record.id),
+                    || {
+                        LedgerError::NotFound(format!(
+                            "run {} or tool call {}",
+                            pending.record.run, pending.record.tool_call_id
+                        ))
+                    },
+                )
+            })?;
+        }
+
+        for event in &prepared.events {
+            self.append(event).await?;
+        }
+        Ok(RecordOutcome::Recorded)
+    }
+
+    /// The call row was refused: a repeated `tool_use_id` (answer with the recorded call), a
+    /// taken call id, or a run that does not exist.
+    async fn call_insert_failure(
+        &mut self,
+        call: &ToolCallRecord,
+        error: &sqlx::Error,
+    ) -> Result<RecordOutcome, Fail> {
+        match SqlFailure::classify(error) {
+            SqlFailure::Unique => {
+                if let Some(tool_use_id) = &call.tool_use_id {
+                    let existing = sqlx::query(concat!(
+                        "SELECT ",
+                        call_columns!(),
+                        " FROM tool_calls WHERE tenant = ? AND run = ? AND tool_use_id = ?"
+                    ))
+                    .bind(call.tenant.as_str().to_owned())
+                    .bind(call.run.as_str().to_owned())
+                    .bind(tool_use_id.as_str().to_owned())
+                    .fetch_optional(&mut *self.conn)
+                    .await
+                    .map_err(read_failure)?;
+                    if let Some(row) = existing {
+                        let record = call_from_row(&row).map_err(Fail::Op)?;
+                        return Ok(RecordOutcome::Duplicate(record));
+                    }
+                }
+                Err(Fail::Op(LedgerError::AlreadyExists(format!(
+                    "tool call {}",
+                    call.id
+                ))))
+            }
+            SqlFailure::ForeignKey => Err(Fail::Op(LedgerError::NotFound(format!(
+                "run {} of tenant {}",
+                call.run, call.tenant
+            )))),
+            SqlFailure::Constraint(message) => Err(Fail::Op(LedgerError::Database(message))),
+            SqlFailure::Fatal(message) => Err(Fail::Fatal(LedgerError::Database(message))),
+        }
+    }
+
+    /// Turns the just-inserted call into a `blocked` / `BUDGET_EXCEEDED` record with a
+    /// `tool_call.blocked` event; the decision and the pending invocation are not written, and
+    /// of the given events only `tool_call.requested` is kept.
+    async fn block_for_budget(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
+        let max_calls: i64 = sqlx::query("SELECT max_calls FROM runs WHERE tenant = ? AND id = ?")
+            .bind(call.tenant.as_str().to_owned())
+            .bind(call.run.as_str().to_owned())
+            .fetch_one(&mut *self.conn)
+            .await
+            .and_then(|row| row.try_get("max_calls"))
+            .map_err(read_failure)?;
+        let mut blocked = call.clone();
+        blocked.status = ToolCallStatus::Blocked;
+        blocked.output_redacted = None;
+        blocked.error_code = Some(ErrorCode::BudgetExceeded);
+        blocked.error_text = Some(format!(
+            "the run has used its budget of {max_calls} tool calls"
+        ));
+        // The decision is not recorded, and the risk level was part of it.
+        blocked.policy_decision_id = None;
+        blocked.risk_level = None;
+        blocked.duration_ms = None;
+
+        let update = sqlx::query(
+            "UPDATE tool_calls SET status = ?, output_redacted = NULL, error_code = ?, \
+             error_text = ?, policy_decision_id = NULL, risk_level = NULL, duration_ms = NULL \
+             WHERE id = ?",
+        )
+        .bind(blocked.status.as_str())
+        .bind(ErrorCode::BudgetExceeded.as_str())
+        .bind(blocked.error_text.clone())
+        .bind(blocked.id.as_str().to_owned());
+        self.write(update).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("tool call {}", call.id),
+                || LedgerError::NotFound(format!("tool call {}", call.id)),
+            )
+        })?;
+
+        for event in prepared
+            .events
+            .iter()
+            .filter(|event| event.kind == REQUESTED_EVENT)
+        {
+            self.append(event).await?;
+        }
+        let blocked_event = PreparedEvent {
+            tenant: call.tenant.as_str().to_owned(),
+            kind: "tool_call.blocked".to_owned(),
+            run: Some(call.run.as_str().to_owned()),
+            tool_call_id: Some(call.id.as_str().to_owned()),
+            payload: json!({ "reason": "budget_exceeded" }).to_string(),
+            at: call.updated_at.0,
+        };
+        self.append(&blocked_event).await?;
+        Ok(RecordOutcome::BudgetExceeded(blocked))
+    }
+
+    async fn finish_call(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
+        let finish = &prepared.finish;
+        let update = bind_finish(sqlx::query(FINISH_RUNNING), prepared);
+        let changed = self.write(update).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("tool call {}", finish.id),
+                || LedgerError::NotFound(format!("tool call {}", finish.id)),
+            )
+        })?;
+        if changed == 0 {
+            return Ok(false);
+        }
+        for event in &prepared.events {
+            self.append(event).await?;
+        }
+        Ok(true)
+    }
+
+    /// Appends one event to its tenant's chain.
+    async fn append(&mut self, event: &PreparedEvent) -> Result<(), Fail> {
+        let previous = load_head(self.conn, self.heads, &event.tenant).await?;
+        let link = ChainLink {
+            chain_seq: previous.chain_seq + 1,
+            hash: event_hash(
+                &previous.hash,
+                &event.tenant,
+                previous.chain_seq + 1,
+                &event.kind,
+                event.run.as_deref(),
+                event.tool_call_id.as_deref(),
+                &event.payload,
+                event.at,
+            ),
+            prev_hash: previous.hash.clone(),
+        };
+        let insert = bind_event(sqlx::query(INSERT_EVENT), event, &link);
+        if let Err(error) = self.write(insert).await {
+            return Err(match SqlFailure::classify(&error) {
+                SqlFailure::ForeignKey => {
+                    Fail::Op(LedgerError::NotFound(format!("tenant {}", event.tenant)))
+                }
+                // The cached head is behind the file: someone else wrote this chain.
+                SqlFailure::Unique => Fail::Fatal(LedgerError::Database(format!(
+                    "the audit chain of tenant {} moved outside this store",
+                    event.tenant
+                ))),
+                SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
+                SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
+            });
+        }
+        self.undo.push((event.tenant.clone(), previous));
+        self.heads.insert(
+            event.tenant.clone(),
+            Head {
+                chain_seq: link.chain_seq,
+                hash: link.hash,
+            },
+        );
+        Ok(())
+    }
+}

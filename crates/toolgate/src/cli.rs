@@ -1,0 +1,617 @@
+//! The command-line client: `admin`, `call`, `tools` and `ledger` subcommands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use toolgate_engine::Catalog;
+use toolgate_proto::v1 as pb;
+use toolgate_proto::v1::admin_service_client::AdminServiceClient;
+use toolgate_proto::v1::agent_service_client::AgentServiceClient;
+
+use crate::convert;
+
+/// Where the gateway is and how to authenticate. Tokens never come from the command line
+/// (it shows in process listings): from `TOOLGATE_TOKEN` or a file.
+#[derive(Debug, Args)]
+pub(crate) struct Connection {
+    /// The gateway's address.
+    #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// A file holding the bearer token (used when TOOLGATE_TOKEN is unset).
+    #[arg(long, default_value = "toolgate-admin.token")]
+    token_file: PathBuf,
+}
+
+impl Connection {
+    fn token(&self) -> anyhow::Result<String> {
+        if let Ok(token) = std::env::var("TOOLGATE_TOKEN") {
+            return Ok(token.trim().to_owned());
+        }
+        let text = std::fs::read_to_string(&self.token_file).with_context(|| {
+            format!(
+                "no token: set TOOLGATE_TOKEN or pass --token-file (tried {})",
+                self.token_file.display()
+            )
+        })?;
+        Ok(text.trim().to_owned())
+    }
+
+    async fn channel(&self) -> anyhow::Result<(Channel, MetadataValue<tonic::metadata::Ascii>)> {
+        let token = self.token()?;
+        let header: MetadataValue<_> = format!("Bearer {token}")
+            .parse()
+            .context("the token contains characters not allowed in a header")?;
+        let channel = Channel::from_shared(self.addr.clone())
+            .with_context(|| format!("invalid address `{}`", self.addr))?
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach the gateway at {}", self.addr))?;
+        Ok((channel, header))
+    }
+}
+
+fn authed<T>(message: T, header: &MetadataValue<tonic::metadata::Ascii>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", header.clone());
+    request
+}
+
+#[allow(
+    clippy::print_stdout,
+    reason = "printing results is what the CLI is for"
+)]
+fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    );
+}
+
+/// Admin subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum AdminCommand {
+    /// Tenants.
+    #[command(subcommand)]
+    Tenants(TenantCommand),
+    /// Agents of a tenant.
+    #[command(subcommand)]
+    Agents(AgentCommand),
+    /// API tokens.
+    #[command(subcommand)]
+    Tokens(TokenCommand),
+    /// Tool permissions (grants).
+    #[command(subcommand)]
+    Permissions(PermissionCommand),
+    /// Feature flags such as tool_calling_enabled.
+    #[command(subcommand)]
+    Flags(FlagCommand),
+    /// Cedar policy sets.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Verifies the audit hash chains on the server.
+    VerifyLedger,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TenantCommand {
+    /// Creates a tenant.
+    Create {
+        id: String,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// Lists tenants.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentCommand {
+    /// Creates an agent.
+    Create {
+        tenant: String,
+        id: String,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// Lists a tenant's agents.
+    List { tenant: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Issues a token and prints it once.
+    Create {
+        /// agent, approver or admin.
+        #[arg(long)]
+        role: String,
+        #[arg(long, default_value = "")]
+        tenant: String,
+        #[arg(long, default_value = "")]
+        agent: String,
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// Lists tokens of a tenant (admin tokens without --tenant).
+    List {
+        #[arg(long, default_value = "")]
+        tenant: String,
+    },
+    /// Revokes a token by id.
+    Revoke { token_id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PermissionCommand {
+    /// Grants a tool to a tenant, or to one agent with --agent.
+    Set {
+        tenant: String,
+        tool: String,
+        #[arg(long, default_value = "")]
+        agent: String,
+        /// Records the grant disabled.
+        #[arg(long)]
+        disable: bool,
+    },
+    /// Lists grants.
+    List {
+        tenant: String,
+        #[arg(long, default_value = "")]
+        agent: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum FlagCommand {
+    /// Sets a flag.
+    Set {
+        tenant: String,
+        flag: String,
+        #[arg(action = clap::ArgAction::Set)]
+        enabled: bool,
+    },
+    /// Shows a flag.
+    Get { tenant: String, flag: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PolicyCommand {
+    /// Validates and uploads a Cedar policy file as the tenant's new version.
+    Put { tenant: String, file: PathBuf },
+    /// Validates a Cedar policy file without storing it.
+    Validate { file: PathBuf },
+    /// Prints the policy set in force.
+    Get { tenant: String },
+    /// Prints the Cedar schema generated from the registered tools.
+    Schema,
+}
+
+/// Runs an admin subcommand.
+pub(crate) async fn admin(conn: Connection, command: AdminCommand) -> anyhow::Result<ExitCode> {
+    let (channel, header) = conn.channel().await?;
+    let mut client = AdminServiceClient::new(channel);
+    let h = &header;
+    let value = match command {
+        AdminCommand::Tenants(TenantCommand::Create { id, name }) => {
+            let t = client
+                .create_tenant(authed(
+                    pb::CreateTenantRequest {
+                        tenant_id: id,
+                        name,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"tenant_id": t.tenant_id, "name": t.name})
+        }
+        AdminCommand::Tenants(TenantCommand::List) => {
+            let r = client
+                .list_tenants(authed(pb::ListTenantsRequest {}, h))
+                .await?
+                .into_inner();
+            json!(
+                r.tenants
+                    .iter()
+                    .map(|t| json!({"tenant_id": t.tenant_id, "name": t.name}))
+                    .collect::<Vec<_>>()
+            )
+        }
+        AdminCommand::Agents(AgentCommand::Create { tenant, id, name }) => {
+            let a = client
+                .create_agent(authed(
+                    pb::CreateAgentRequest {
+                        tenant_id: tenant,
+                        agent_id: id,
+                        name,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"tenant_id": a.tenant_id, "agent_id": a.agent_id, "name": a.name})
+        }
+        AdminCommand::Agents(AgentCommand::List { tenant }) => {
+            let r = client
+                .list_agents(authed(pb::ListAgentsRequest { tenant_id: tenant }, h))
+                .await?
+                .into_inner();
+            json!(
+                r.agents
+                    .iter()
+                    .map(|a| json!({"agent_id": a.agent_id, "name": a.name}))
+                    .collect::<Vec<_>>()
+            )
+        }
+        AdminCommand::Tokens(TokenCommand::Create {
+            role,
+            tenant,
+            agent,
+            label,
+        }) => {
+            let r = client
+                .create_token(authed(
+                    pb::CreateTokenRequest {
+                        role,
+                        tenant_id: tenant,
+                        agent_id: agent,
+                        label,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"token_id": r.token_id, "token": r.token, "note": "the token is shown once; store it now"})
+        }
+        AdminCommand::Tokens(TokenCommand::List { tenant }) => {
+            let r = client
+                .list_tokens(authed(pb::ListTokensRequest { tenant_id: tenant }, h))
+                .await?
+                .into_inner();
+            json!(
+                r.tokens
+                    .iter()
+                    .map(|t| json!({
+                        "token_id": t.token_id, "role": t.role, "tenant_id": t.tenant_id,
+                        "agent_id": t.agent_id, "label": t.label, "revoked": t.revoked
+                    }))
+                    .collect::<Vec<_>>()
+            )
+        }
+        AdminCommand::Tokens(TokenCommand::Revoke { token_id }) => {
+            client
+                .revoke_token(authed(
+                    pb::RevokeTokenRequest {
+                        token_id: token_id.clone(),
+                    },
+                    h,
+                ))
+                .await?;
+            json!({"revoked": token_id})
+        }
+        AdminCommand::Permissions(PermissionCommand::Set {
+            tenant,
+            tool,
+            agent,
+            disable,
+        }) => {
+            let p = client
+                .set_permission(authed(
+                    pb::SetPermissionRequest {
+                        tenant_id: tenant,
+                        agent_id: agent,
+                        tool_name: tool,
+                        enabled: !disable,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"tenant_id": p.tenant_id, "agent_id": p.agent_id, "tool_name": p.tool_name, "enabled": p.enabled})
+        }
+        AdminCommand::Permissions(PermissionCommand::List { tenant, agent }) => {
+            let r = client
+                .list_permissions(authed(
+                    pb::ListPermissionsRequest {
+                        tenant_id: tenant,
+                        agent_id: agent,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!(
+                r.permissions
+                    .iter()
+                    .map(|p| json!({
+                        "agent_id": p.agent_id, "tool_name": p.tool_name, "enabled": p.enabled
+                    }))
+                    .collect::<Vec<_>>()
+            )
+        }
+        AdminCommand::Flags(FlagCommand::Set {
+            tenant,
+            flag,
+            enabled,
+        }) => {
+            let f = client
+                .set_feature_flag(authed(
+                    pb::SetFeatureFlagRequest {
+                        tenant_id: tenant,
+                        flag,
+                        enabled,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"tenant_id": f.tenant_id, "flag": f.flag, "enabled": f.enabled})
+        }
+        AdminCommand::Flags(FlagCommand::Get { tenant, flag }) => {
+            let f = client
+                .get_feature_flag(authed(
+                    pb::GetFeatureFlagRequest {
+                        tenant_id: tenant,
+                        flag,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"tenant_id": f.tenant_id, "flag": f.flag, "enabled": f.enabled, "explicitly_set": f.explicitly_set})
+        }
+        AdminCommand::Policy(PolicyCommand::Put { tenant, file }) => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let p = client
+                .put_policy(authed(
+                    pb::PutPolicyRequest {
+                        tenant_id: tenant,
+                        text,
+                    },
+                    h,
+                ))
+                .await?
+                .into_inner();
+            json!({"tenant_id": p.tenant_id, "version": p.version})
+        }
+        AdminCommand::Policy(PolicyCommand::Validate { file }) => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let r = client
+                .validate_policy(authed(pb::ValidatePolicyRequest { text }, h))
+                .await?
+                .into_inner();
+            let valid = r.valid;
+            print_json(&json!({"valid": r.valid, "errors": r.errors}));
+            return Ok(if valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        AdminCommand::Policy(PolicyCommand::Get { tenant }) => {
+            let p = client
+                .get_policy(authed(pb::GetPolicyRequest { tenant_id: tenant }, h))
+                .await?
+                .into_inner();
+            print_text(&format!(
+                "// tenant {} policy version {}\n{}",
+                p.tenant_id, p.version, p.text
+            ));
+            return Ok(ExitCode::SUCCESS);
+        }
+        AdminCommand::Policy(PolicyCommand::Schema) => {
+            let r = client
+                .get_policy_schema(authed(pb::GetPolicySchemaRequest {}, h))
+                .await?
+                .into_inner();
+            print_text(&r.cedar_schema);
+            return Ok(ExitCode::SUCCESS);
+        }
+        AdminCommand::VerifyLedger => {
+            let r = client
+                .verify_ledger(authed(pb::VerifyLedgerRequest {}, h))
+                .await?
+                .into_inner();
+            let ok = r.ok;
+            print_json(&verify_json(&r));
+            return Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+    };
+    print_json(&value);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(
+    clippy::print_stdout,
+    reason = "printing results is what the CLI is for"
+)]
+fn print_text(text: &str) {
+    println!("{text}");
+}
+
+fn verify_json(r: &pb::VerifyLedgerResponse) -> Value {
+    let mut value =
+        json!({"ok": r.ok, "events_checked": r.events_checked, "chains_checked": r.chains_checked});
+    if !r.ok {
+        value["problem"] = json!({
+            "tenant_id": r.problem_tenant_id,
+            "chain_seq": r.problem_chain_seq,
+            "kind": r.problem_kind,
+            "detail": r.problem_detail,
+        });
+    }
+    value
+}
+
+/// `toolgate call` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct CallArgs {
+    #[command(flatten)]
+    conn: Connection,
+    /// The agent to open the run for (may be omitted with a token bound to one agent).
+    #[arg(long, default_value = "")]
+    agent: String,
+    /// Reuse an existing run instead of opening one.
+    #[arg(long, default_value = "")]
+    run: String,
+    /// An idempotency key; repeat it to get the recorded outcome instead of a second call.
+    #[arg(long, default_value = "")]
+    tool_use_id: String,
+    /// Per-call timeout in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    timeout_ms: u64,
+    /// The tool, e.g. slack.post_message.
+    tool: String,
+    /// The arguments as a JSON object.
+    #[arg(default_value = "{}")]
+    arguments: String,
+}
+
+/// Runs `toolgate call`.
+pub(crate) async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
+    let (channel, header) = args.conn.channel().await?;
+    let mut client = AgentServiceClient::new(channel);
+    let run_id = if args.run.is_empty() {
+        client
+            .create_run(authed(
+                pb::CreateRunRequest {
+                    agent_id: args.agent,
+                    run_id: String::new(),
+                    max_calls: 0,
+                },
+                &header,
+            ))
+            .await?
+            .into_inner()
+            .run_id
+    } else {
+        args.run
+    };
+    let result = client
+        .execute_tool(authed(
+            pb::ExecuteToolRequest {
+                run_id: run_id.clone(),
+                tool_use_id: args.tool_use_id,
+                tool_name: args.tool,
+                arguments_json: args.arguments,
+                correlation_id: String::new(),
+                timeout_ms: args.timeout_ms,
+            },
+            &header,
+        ))
+        .await?
+        .into_inner();
+    let status = pb::ToolCallStatus::try_from(result.status)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("TOOL_CALL_STATUS_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| result.status.to_string());
+    let parsed_result: Value = if result.result_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&result.result_json)
+            .unwrap_or(Value::String(result.result_json.clone()))
+    };
+    let succeeded = status == "succeeded";
+    print_json(&json!({
+        "run_id": run_id,
+        "tool_call_id": result.tool_call_id,
+        "status": status,
+        "result": parsed_result,
+        "error_code": result.error_code,
+        "error_message": result.error_message,
+        "decision": result.decision,
+        "risk_level": result.risk_level,
+        "pending_invocation_id": result.pending_invocation_id,
+        "duration_ms": result.duration_ms,
+        "replayed": result.replayed,
+    }));
+    Ok(if succeeded {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+/// Runs `toolgate tools`.
+pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
+    let registry = crate::server::build_registry(&[])?;
+    let catalog = Catalog::new(registry)?;
+    let definitions: Vec<Value> = catalog
+        .registry()
+        .specs()
+        .map(|spec| {
+            let d = convert::tool_definition(spec);
+            if as_json {
+                json!({
+                    "name": d.name, "llm_name": d.llm_name, "description": d.description,
+                    "input_schema": spec.input_schema, "tags": d.tags, "risk_level": d.risk_level,
+                    "idempotent": d.idempotent, "default_timeout_ms": d.default_timeout_ms,
+                })
+            } else {
+                json!(format!(
+                    "{:<32} {:<6} {}",
+                    d.name, d.risk_level, d.description
+                ))
+            }
+        })
+        .collect();
+    if as_json {
+        print_json(&json!(definitions));
+    } else if definitions.is_empty() {
+        print_text("no tools: this build has no connectors enabled");
+    } else {
+        for line in definitions {
+            print_text(line.as_str().unwrap_or_default());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ledger subcommands (work on the database file, no server needed).
+#[derive(Debug, Subcommand)]
+pub(crate) enum LedgerCommand {
+    /// Checks every tenant's audit hash chain and reports the first broken event.
+    Verify {
+        /// The SQLite ledger file.
+        #[arg(long, default_value = "toolgate.db")]
+        database: PathBuf,
+    },
+}
+
+/// Runs a ledger subcommand.
+pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        LedgerCommand::Verify { database } => {
+            if !database.exists() {
+                bail!("no ledger at {}", database.display());
+            }
+            let store = toolgate_ledger::SqliteStore::open(&database)
+                .await
+                .with_context(|| format!("cannot open the ledger at {}", database.display()))?;
+            let report = toolgate_ledger::Store::verify_chains(&store).await?;
+            let response = crate::services::verify_response(&report);
+            let ok = response.ok;
+            print_json(&verify_json(&response));
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}

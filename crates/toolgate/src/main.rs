@@ -1,0 +1,115 @@
+//! The `toolgate` binary: the gateway server and its command-line client.
+
+mod auth;
+mod cli;
+mod config;
+mod convert;
+mod server;
+mod services;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// toolgate: the audited chokepoint between AI agents and the tools they call.
+#[derive(Debug, Parser)]
+#[command(name = "toolgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Starts the gateway (SQLite file `toolgate.db` and 127.0.0.1:50051 unless configured).
+    Serve {
+        /// TOML configuration file (default: ./toolgate.toml when present).
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Overrides server.listen.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Overrides storage.database.
+        #[arg(long)]
+        database: Option<String>,
+    },
+    /// Administers a running gateway over gRPC (needs an admin token).
+    Admin {
+        #[command(flatten)]
+        conn: cli::Connection,
+        #[command(subcommand)]
+        command: cli::AdminCommand,
+    },
+    /// Opens a run and executes one tool, printing the outcome as JSON (needs an agent token).
+    Call(cli::CallArgs),
+    /// Lists the tools this build serves.
+    Tools {
+        /// Prints full JSON definitions.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Works on a ledger database file directly.
+    Ledger {
+        #[command(subcommand)]
+        command: cli::LedgerCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            database,
+        } => {
+            let env: BTreeMap<String, String> = std::env::vars().collect();
+            let config = config::Config::load(
+                config.as_deref(),
+                &env,
+                listen.as_deref(),
+                database.as_deref(),
+            )
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+            server::serve(config).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Admin { conn, command } => cli::admin(conn, command).await,
+        Command::Call(args) => cli::call(args).await,
+        Command::Tools { json } => cli::tools(json),
+        Command::Ledger { command } => cli::ledger(command).await,
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,182 @@
+//! `toolgate serve`: opens the ledger, registers the connectors, and serves gRPC.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use toolgate_core::{Clock, Connector, SystemClock, ToolRegistry};
+use toolgate_engine::{Catalog, Engine};
+use toolgate_ledger::{Role, SqliteStore, Store};
+use toolgate_proto::v1::admin_service_server::AdminServiceServer;
+use toolgate_proto::v1::agent_service_server::AgentServiceServer;
+use tracing::info;
+
+use crate::auth::{Authenticator, issue_token};
+use crate::config::Config;
+use crate::services::{AdminApi, AgentApi, Shared};
+
+/// How long a verified token is trusted before it is looked up again.
+const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
+
+/// The connectors compiled into this build, in registration order.
+pub(crate) fn compiled_connectors() -> Vec<Arc<dyn Connector>> {
+    let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
+    add_testkit(&mut connectors);
+    connectors
+}
+
+#[cfg(feature = "testkit")]
+fn add_testkit(connectors: &mut Vec<Arc<dyn Connector>>) {
+    connectors.push(Arc::new(toolgate_engine::testkit::TestkitConnector));
+}
+
+#[cfg(not(feature = "testkit"))]
+fn add_testkit(_connectors: &mut Vec<Arc<dyn Connector>>) {}
+
+/// Registers every compiled connector except the disabled families.
+pub(crate) fn build_registry(disabled: &[String]) -> anyhow::Result<ToolRegistry> {
+    let connectors = compiled_connectors();
+    for family in disabled {
+        if !connectors.iter().any(|c| c.family() == family) {
+            let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
+            bail!(
+                "connectors.disabled names `{family}`, which this build does not include (compiled connectors: {})",
+                if available.is_empty() {
+                    "none".to_owned()
+                } else {
+                    available.join(", ")
+                }
+            );
+        }
+    }
+    let mut registry = ToolRegistry::new();
+    for connector in connectors {
+        if disabled.iter().any(|family| family == connector.family()) {
+            continue;
+        }
+        registry.register(connector)?;
+    }
+    Ok(registry)
+}
+
+/// Runs the gateway until Ctrl-C or SIGTERM.
+pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let registry = build_registry(&config.disabled_connectors)?;
+    let catalog = Arc::new(Catalog::new(registry)?);
+    let store = SqliteStore::open(&config.database)
+        .await
+        .with_context(|| format!("cannot open the ledger at {}", config.database.display()))?;
+    let store: Arc<dyn Store> = Arc::new(store);
+    bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
+    let engine = Arc::new(Engine::new(
+        Arc::clone(&store),
+        catalog,
+        Arc::clone(&clock),
+        config.engine.clone(),
+    )?);
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let local = listener.local_addr()?;
+
+    let shared = Shared {
+        engine,
+        auth: Arc::new(Authenticator::new(Arc::clone(&store), TOKEN_CACHE_TTL)),
+        clock,
+    };
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AgentServiceServer<AgentApi>>()
+        .await;
+    health_reporter
+        .set_serving::<AdminServiceServer<AdminApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(toolgate_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    info!(address = %local, database = %config.database.display(), startup_ms = started.elapsed().as_millis(), "toolgate listening");
+    announce(&format!("toolgate listening on {local}"));
+
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(AgentServiceServer::new(AgentApi(shared.clone())))
+        .add_service(AdminServiceServer::new(AdminApi(shared)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal())
+        .await?;
+    info!("toolgate stopped");
+    Ok(())
+}
+
+/// Prints a line for people and scripts on stdout.
+#[allow(
+    clippy::print_stdout,
+    reason = "the address line is the binary's output for scripts"
+)]
+fn announce(line: &str) {
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+}
+
+/// On first start (no admin token yet) creates one and writes it to a file only the current
+/// user can read.
+async fn bootstrap_admin_token(
+    store: &Arc<dyn Store>,
+    clock: &dyn Clock,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let admins = store.list_tokens(None).await?;
+    if admins.iter().any(|t| t.role == Role::Admin && !t.revoked) {
+        return Ok(());
+    }
+    let issued = issue_token(Role::Admin, None, None, "bootstrap".to_owned(), clock.now());
+    write_private_file(path, &format!("{}\n", issued.secret))
+        .with_context(|| format!("cannot write the admin token to {}", path.display()))?;
+    store.create_token(issued.record).await?;
+    announce(&format!(
+        "created the first admin token in {} (readable only by you); `toolgate admin` reads it from there",
+        path.display()
+    ));
+    Ok(())
+}
+
+fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A pre-existing file keeps its mode on open; make sure it is private.
+    use std::os::unix::fs::PermissionsExt as _;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+    info!("shutting down");
+}

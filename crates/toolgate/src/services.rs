@@ -1,0 +1,658 @@
+//! The gRPC services: thin adapters that authenticate, convert wire types by hand and call
+//! the engine or the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+use toolgate_core::{AgentId, Clock, RunId, TenantId, ToolCallId, ToolName};
+use toolgate_engine::{CreateRun, Engine, ExecuteRequest};
+use toolgate_ledger::{Agent, Permission, Role, Tenant};
+use toolgate_proto::v1 as pb;
+use toolgate_proto::v1::admin_service_server::AdminService;
+use toolgate_proto::v1::agent_service_server::AgentService;
+
+use crate::auth::{Authenticator, Caller, issue_token};
+use crate::convert::{self, ledger_status, parse_id, status};
+
+/// State shared by both services.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) auth: Arc<Authenticator>,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// The agent-facing service.
+#[derive(Debug, Clone)]
+pub(crate) struct AgentApi(pub(crate) Shared);
+
+/// The operator-facing service.
+#[derive(Debug, Clone)]
+pub(crate) struct AdminApi(pub(crate) Shared);
+
+fn agent_scope(caller: &Caller) -> Result<(TenantId, Option<AgentId>), Status> {
+    Ok((caller.tenant()?.clone(), caller.agent.clone()))
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn create_run(
+        &self,
+        request: Request<pb::CreateRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, bound_agent) = agent_scope(&caller)?;
+        let body = request.into_inner();
+        let agent = match (bound_agent, body.agent_id.as_str()) {
+            (Some(bound), "") => bound,
+            (Some(bound), asked) if bound.as_str() == asked => bound,
+            (Some(bound), asked) => {
+                return Err(Status::permission_denied(format!(
+                    "this token is bound to agent `{bound}` and cannot open runs for `{asked}`"
+                )));
+            }
+            (None, "") => return Err(Status::invalid_argument("agent_id: required")),
+            (None, asked) => parse_id("agent_id", asked, AgentId::new)?,
+        };
+        let run = (!body.run_id.is_empty()).then_some(body.run_id);
+        let max_calls = (body.max_calls != 0).then_some(body.max_calls);
+        let record = self
+            .0
+            .engine
+            .create_run(CreateRun {
+                tenant,
+                agent,
+                run,
+                max_calls,
+            })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::run(&record)))
+    }
+
+    async fn get_run(
+        &self,
+        request: Request<pb::GetRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let run_id = parse_id("run_id", &request.get_ref().run_id, RunId::new)?;
+        let record = self
+            .0
+            .engine
+            .get_run(&tenant, &run_id)
+            .await
+            .map_err(status)?;
+        if agent.is_some_and(|a| a != record.agent) {
+            return Err(Status::not_found(format!("run `{run_id}` not found")));
+        }
+        Ok(Response::new(convert::run(&record)))
+    }
+
+    async fn list_tools(
+        &self,
+        request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let run_id = parse_id("run_id", &request.get_ref().run_id, RunId::new)?;
+        let specs = self
+            .0
+            .engine
+            .list_tools(&tenant, agent.as_ref(), &run_id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::ListToolsResponse {
+            tools: specs.iter().map(|s| convert::tool_definition(s)).collect(),
+        }))
+    }
+
+    async fn execute_tool(
+        &self,
+        request: Request<pb::ExecuteToolRequest>,
+    ) -> Result<Response<pb::ToolCallResult>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let body = request.into_inner();
+        let outcome = self
+            .0
+            .engine
+            .execute(ExecuteRequest {
+                tenant,
+                agent,
+                run: body.run_id,
+                tool_use_id: body.tool_use_id,
+                tool: body.tool_name,
+                arguments_json: body.arguments_json,
+                correlation_id: body.correlation_id,
+                timeout: (body.timeout_ms != 0).then(|| Duration::from_millis(body.timeout_ms)),
+            })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::outcome(outcome)))
+    }
+
+    async fn get_tool_call(
+        &self,
+        request: Request<pb::GetToolCallRequest>,
+    ) -> Result<Response<pb::ToolCall>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let id = parse_id(
+            "tool_call_id",
+            &request.get_ref().tool_call_id,
+            ToolCallId::new,
+        )?;
+        let record = self
+            .0
+            .engine
+            .get_tool_call(&tenant, &id)
+            .await
+            .map_err(status)?;
+        if agent.is_some_and(|a| a != record.agent) {
+            return Err(Status::not_found(format!("tool call `{id}` not found")));
+        }
+        Ok(Response::new(convert::tool_call(&record)))
+    }
+
+    async fn list_tool_calls(
+        &self,
+        request: Request<pb::ListToolCallsRequest>,
+    ) -> Result<Response<pb::ListToolCallsResponse>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let body = request.into_inner();
+        let run_id = parse_id("run_id", &body.run_id, RunId::new)?;
+        let run = self
+            .0
+            .engine
+            .get_run(&tenant, &run_id)
+            .await
+            .map_err(status)?;
+        if agent.is_some_and(|a| a != run.agent) {
+            return Err(Status::not_found(format!("run `{run_id}` not found")));
+        }
+        let after = if body.page_token.is_empty() {
+            None
+        } else {
+            Some(parse_id("page_token", &body.page_token, ToolCallId::new)?)
+        };
+        let limit = match body.page_size {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let calls = self
+            .0
+            .engine
+            .store()
+            .list_tool_calls(&tenant, &run_id, after.as_ref(), limit)
+            .await
+            .map_err(ledger_status)?;
+        let full_page = calls.len() == usize::try_from(limit).unwrap_or(usize::MAX);
+        let next_page_token = match calls.last() {
+            Some(last) if full_page => last.id.to_string(),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListToolCallsResponse {
+            tool_calls: calls.iter().map(convert::tool_call).collect(),
+            next_page_token,
+        }))
+    }
+}
+
+fn tenant_id(value: &str) -> Result<TenantId, Status> {
+    parse_id("tenant_id", value, TenantId::new)
+}
+
+fn optional_agent(value: &str) -> Result<Option<AgentId>, Status> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        parse_id("agent_id", value, AgentId::new).map(Some)
+    }
+}
+
+fn token_info(record: &toolgate_ledger::TokenRecord) -> pb::TokenInfo {
+    pb::TokenInfo {
+        token_id: record.id.clone(),
+        role: record.role.as_str().to_owned(),
+        tenant_id: record
+            .tenant
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        agent_id: record
+            .agent
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        label: record.label.clone(),
+        created_at_ms: record.created_at.0,
+        revoked: record.revoked,
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn create_tenant(
+        &self,
+        request: Request<pb::CreateTenantRequest>,
+    ) -> Result<Response<pb::Tenant>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let id = tenant_id(&body.tenant_id)?;
+        let name = if body.name.trim().is_empty() {
+            id.to_string()
+        } else {
+            body.name
+        };
+        let tenant = Tenant {
+            id,
+            name,
+            created_at: self.0.clock.now(),
+        };
+        self.0
+            .engine
+            .store()
+            .create_tenant(tenant.clone())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::Tenant {
+            tenant_id: tenant.id.to_string(),
+            name: tenant.name,
+            created_at_ms: tenant.created_at.0,
+        }))
+    }
+
+    async fn list_tenants(
+        &self,
+        request: Request<pb::ListTenantsRequest>,
+    ) -> Result<Response<pb::ListTenantsResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let tenants = self
+            .0
+            .engine
+            .store()
+            .list_tenants()
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::ListTenantsResponse {
+            tenants: tenants
+                .into_iter()
+                .map(|t| pb::Tenant {
+                    tenant_id: t.id.to_string(),
+                    name: t.name,
+                    created_at_ms: t.created_at.0,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn create_agent(
+        &self,
+        request: Request<pb::CreateAgentRequest>,
+    ) -> Result<Response<pb::Agent>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let agent = Agent {
+            tenant: tenant_id(&body.tenant_id)?,
+            id: parse_id("agent_id", &body.agent_id, AgentId::new)?,
+            name: body.name,
+            created_at: self.0.clock.now(),
+        };
+        self.0
+            .engine
+            .store()
+            .create_agent(agent.clone())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::Agent {
+            tenant_id: agent.tenant.to_string(),
+            agent_id: agent.id.to_string(),
+            name: agent.name,
+            created_at_ms: agent.created_at.0,
+        }))
+    }
+
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let tenant = tenant_id(&request.get_ref().tenant_id)?;
+        let agents = self
+            .0
+            .engine
+            .store()
+            .list_agents(&tenant)
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: agents
+                .into_iter()
+                .map(|a| pb::Agent {
+                    tenant_id: a.tenant.to_string(),
+                    agent_id: a.id.to_string(),
+                    name: a.name,
+                    created_at_ms: a.created_at.0,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let role = Role::parse(&body.role).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "role: `{}` is not one of agent, approver, admin",
+                body.role
+            ))
+        })?;
+        let (tenant, agent) = match role {
+            Role::Admin => {
+                if !body.tenant_id.is_empty() || !body.agent_id.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "admin tokens belong to no tenant: leave tenant_id and agent_id empty",
+                    ));
+                }
+                (None, None)
+            }
+            Role::Agent => (
+                Some(tenant_id(&body.tenant_id)?),
+                optional_agent(&body.agent_id)?,
+            ),
+            Role::Approver => {
+                if !body.agent_id.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "agent_id: approver tokens are not bound to an agent",
+                    ));
+                }
+                (Some(tenant_id(&body.tenant_id)?), None)
+            }
+        };
+        let issued = issue_token(role, tenant, agent, body.label, self.0.clock.now());
+        self.0
+            .engine
+            .store()
+            .create_token(issued.record.clone())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::CreateTokenResponse {
+            token_id: issued.record.id,
+            token: issued.secret,
+        }))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let tenant = match request.get_ref().tenant_id.as_str() {
+            "" => None,
+            id => Some(tenant_id(id)?),
+        };
+        let tokens = self
+            .0
+            .engine
+            .store()
+            .list_tokens(tenant.as_ref())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::ListTokensResponse {
+            tokens: tokens.iter().map(token_info).collect(),
+        }))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let id = request.into_inner().token_id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("token_id: required"));
+        }
+        self.0
+            .engine
+            .store()
+            .revoke_token(&id)
+            .await
+            .map_err(ledger_status)?;
+        self.0.auth.forget_token(&id);
+        Ok(Response::new(pb::RevokeTokenResponse {}))
+    }
+
+    async fn set_permission(
+        &self,
+        request: Request<pb::SetPermissionRequest>,
+    ) -> Result<Response<pb::Permission>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let tool = parse_id("tool_name", &body.tool_name, ToolName::new)?;
+        if !self.0.engine.catalog().registry().contains(&tool) {
+            let known: Vec<String> = self
+                .0
+                .engine
+                .catalog()
+                .registry()
+                .names()
+                .map(ToString::to_string)
+                .collect();
+            return Err(Status::invalid_argument(format!(
+                "tool_name: `{tool}` is not served by this gateway; registered tools: {}",
+                known.join(", ")
+            )));
+        }
+        let permission = Permission {
+            tenant: tenant_id(&body.tenant_id)?,
+            agent: optional_agent(&body.agent_id)?,
+            tool,
+            enabled: body.enabled,
+            updated_at: self.0.clock.now(),
+        };
+        self.0
+            .engine
+            .store()
+            .put_permission(permission.clone())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(permission_pb(&permission)))
+    }
+
+    async fn list_permissions(
+        &self,
+        request: Request<pb::ListPermissionsRequest>,
+    ) -> Result<Response<pb::ListPermissionsResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let tenant = tenant_id(&body.tenant_id)?;
+        let agent = optional_agent(&body.agent_id)?;
+        let permissions = self
+            .0
+            .engine
+            .store()
+            .list_permissions(&tenant, agent.as_ref())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::ListPermissionsResponse {
+            permissions: permissions.iter().map(permission_pb).collect(),
+        }))
+    }
+
+    async fn set_feature_flag(
+        &self,
+        request: Request<pb::SetFeatureFlagRequest>,
+    ) -> Result<Response<pb::FeatureFlag>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let tenant = tenant_id(&body.tenant_id)?;
+        check_flag_name(&body.flag)?;
+        self.0
+            .engine
+            .set_flag(&tenant, &body.flag, body.enabled)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::FeatureFlag {
+            tenant_id: tenant.to_string(),
+            flag: body.flag,
+            enabled: body.enabled,
+            explicitly_set: true,
+        }))
+    }
+
+    async fn get_feature_flag(
+        &self,
+        request: Request<pb::GetFeatureFlagRequest>,
+    ) -> Result<Response<pb::FeatureFlag>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let tenant = tenant_id(&body.tenant_id)?;
+        check_flag_name(&body.flag)?;
+        let value = self
+            .0
+            .engine
+            .store()
+            .get_flag(&tenant, &body.flag)
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::FeatureFlag {
+            tenant_id: tenant.to_string(),
+            flag: body.flag,
+            enabled: value.unwrap_or(false),
+            explicitly_set: value.is_some(),
+        }))
+    }
+
+    async fn put_policy(
+        &self,
+        request: Request<pb::PutPolicyRequest>,
+    ) -> Result<Response<pb::PolicySet>, Status> {
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let tenant = tenant_id(&body.tenant_id)?;
+        let version = self
+            .0
+            .engine
+            .put_policy(&tenant, &body.text, &caller.token_id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::PolicySet {
+            tenant_id: tenant.to_string(),
+            version,
+            text: body.text,
+            created_at_ms: self.0.clock.now().0,
+        }))
+    }
+
+    async fn validate_policy(
+        &self,
+        request: Request<pb::ValidatePolicyRequest>,
+    ) -> Result<Response<pb::ValidatePolicyResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let errors = match self.0.engine.validate_policy(&request.get_ref().text) {
+            Ok(()) => Vec::new(),
+            Err(toolgate_engine::EngineError::InvalidPolicy(errors)) => errors,
+            Err(other) => return Err(status(other)),
+        };
+        Ok(Response::new(pb::ValidatePolicyResponse {
+            valid: errors.is_empty(),
+            errors,
+        }))
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::PolicySet>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let tenant = tenant_id(&request.get_ref().tenant_id)?;
+        let (version, text, at) = self
+            .0
+            .engine
+            .current_policy(&tenant)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::PolicySet {
+            tenant_id: tenant.to_string(),
+            version,
+            text,
+            created_at_ms: at.0,
+        }))
+    }
+
+    async fn get_policy_schema(
+        &self,
+        request: Request<pb::GetPolicySchemaRequest>,
+    ) -> Result<Response<pb::GetPolicySchemaResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        Ok(Response::new(pb::GetPolicySchemaResponse {
+            cedar_schema: self.0.engine.catalog().policy_schema().cedar_schema_text(),
+        }))
+    }
+
+    async fn verify_ledger(
+        &self,
+        request: Request<pb::VerifyLedgerRequest>,
+    ) -> Result<Response<pb::VerifyLedgerResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let report = self
+            .0
+            .engine
+            .store()
+            .verify_chains()
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(verify_response(&report)))
+    }
+}
+
+pub(crate) fn verify_response(report: &toolgate_ledger::VerifyReport) -> pb::VerifyLedgerResponse {
+    let problem = report.first_problem.as_ref();
+    pb::VerifyLedgerResponse {
+        ok: problem.is_none(),
+        events_checked: report.events_checked,
+        chains_checked: report.chains_checked,
+        problem_tenant_id: problem.map(|p| p.tenant.to_string()).unwrap_or_default(),
+        problem_chain_seq: problem.map_or(0, |p| p.chain_seq),
+        problem_kind: problem
+            .map(|p| p.kind.as_str().to_owned())
+            .unwrap_or_default(),
+        problem_detail: problem.map(|p| p.detail.clone()).unwrap_or_default(),
+    }
+}
+
+fn permission_pb(p: &Permission) -> pb::Permission {
+    pb::Permission {
+        tenant_id: p.tenant.to_string(),
+        agent_id: p
+            .agent
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        tool_name: p.tool.to_string(),
+        enabled: p.enabled,
+        updated_at_ms: p.updated_at.0,
+    }
+}
+
+fn check_flag_name(flag: &str) -> Result<(), Status> {
+    let valid = !flag.is_empty()
+        && flag.len() <= 64
+        && flag
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "flag: `{}` must be 1 to 64 of a-z, 0-9 and _ (e.g. tool_calling_enabled)",
+            flag.chars().take(64).collect::<String>()
+        )))
+    }
+}

@@ -1,0 +1,88 @@
+"""The gRPC contract from a non-Rust agent runtime: stubs generated from proto/ by grpcio-tools."""
+
+import json
+
+import grpc
+import pytest
+
+from conftest import bearer
+from toolgate.v1 import toolgate_pb2 as pb
+
+
+def open_run(gateway, token):
+    return gateway.agent.CreateRun(pb.CreateRunRequest(agent_id="support"), metadata=bearer(token))
+
+
+def test_run_lists_tools_in_llm_shapes(gateway, agent_token):
+    run = open_run(gateway, agent_token)
+    assert sorted(run.manifest) == ["testkit.echo", "testkit.noop", "testkit.transfer"]
+    tools = gateway.agent.ListTools(pb.ListToolsRequest(run_id=run.run_id), metadata=bearer(agent_token)).tools
+    echo = next(t for t in tools if t.name == "testkit.echo")
+    anthropic = json.loads(echo.anthropic_json)
+    assert anthropic["name"] == "testkit__echo"
+    assert anthropic["input_schema"]["required"] == ["message"]
+    openai = json.loads(echo.openai_json)
+    assert openai["type"] == "function"
+    assert openai["function"]["parameters"]["type"] == "object"
+
+
+def test_execute_tool_round_trip_with_llm_name(gateway, agent_token):
+    run = open_run(gateway, agent_token)
+    result = gateway.agent.ExecuteTool(
+        pb.ExecuteToolRequest(
+            run_id=run.run_id,
+            tool_use_id="toolu_01",
+            tool_name="testkit__echo",
+            arguments_json=json.dumps({"message": "from python", "api_token": "secret-value-1"}),
+        ),
+        metadata=bearer(agent_token),
+    )
+    assert result.status == pb.TOOL_CALL_STATUS_SUCCEEDED
+    assert json.loads(result.result_json) == {"message": "from python", "api_token": "secret-value-1"}
+    recorded = gateway.agent.GetToolCall(
+        pb.GetToolCallRequest(tool_call_id=result.tool_call_id), metadata=bearer(agent_token)
+    )
+    assert "secret-value-1" not in recorded.input_redacted_json
+    assert recorded.tool_use_id == "toolu_01"
+
+
+def test_repeated_tool_use_id_is_replayed(gateway, agent_token):
+    run = open_run(gateway, agent_token)
+    request = pb.ExecuteToolRequest(
+        run_id=run.run_id, tool_use_id="toolu_same", tool_name="testkit.noop", arguments_json="{}"
+    )
+    first = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+    again = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+    assert first.tool_call_id == again.tool_call_id
+    assert again.replayed and not first.replayed
+
+
+def test_tool_failures_are_answers_not_errors(gateway, agent_token):
+    run = open_run(gateway, agent_token)
+    result = gateway.agent.ExecuteTool(
+        pb.ExecuteToolRequest(run_id=run.run_id, tool_name="testkit.echo", arguments_json='{"message": 3}'),
+        metadata=bearer(agent_token),
+    )
+    assert result.status == pb.TOOL_CALL_STATUS_FAILED
+    assert result.error_code == "INVALID_ARGUMENTS"
+    assert "/message" in result.error_message
+
+
+def test_missing_token_is_unauthenticated(gateway):
+    with pytest.raises(grpc.RpcError) as error:
+        gateway.agent.CreateRun(pb.CreateRunRequest(agent_id="support"))
+    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_policy_upload_is_validated(gateway, agent_token):
+    auth = bearer(gateway.admin_token)
+    bad = gateway.admin.ValidatePolicy(
+        pb.ValidatePolicyRequest(text="permit(principal, action, resource) when { context.args.amout > 1 };"),
+        metadata=auth,
+    )
+    assert not bad.valid and any("amout" in e for e in bad.errors)
+    with pytest.raises(grpc.RpcError) as error:
+        gateway.admin.PutPolicy(pb.PutPolicyRequest(tenant_id="acme", text="permit(principal"), metadata=auth)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    current = gateway.admin.GetPolicy(pb.GetPolicyRequest(tenant_id="acme"), metadata=auth)
+    assert current.version == 0 and "permit" in current.text

@@ -1,0 +1,376 @@
+//! `cargo xtask bench`: the gateway's overhead benchmark, as the design's performance budget
+//! defines it. One run measures, with the same load client and concurrency for both targets:
+//!
+//! - the floor: a bare tonic echo server speaking the same proto (`ExecuteTool` answers a fixed
+//!   result at once), in its own process;
+//! - the gateway: `target/release/toolgate` (a `testkit` build) in a temporary directory with a
+//!   fresh SQLite ledger, calling `testkit.noop` with `{}` through the whole pipeline.
+//!
+//! Figures: closed-loop throughput of each (and the ratio gateway/echo), latency p50/p99 at a
+//! fixed offered rate (open loop, measured from each call's scheduled send time so a slow answer
+//! cannot hide the calls queued behind it), the gateway's peak RSS after the load, and the median
+//! time from spawn to a SERVING health check on a fresh database. They are printed as a table
+//! with PASS/MISS against the budget and written to `target/bench/results.json`. A missed target
+//! never fails the command; a broken setup or a failed call does.
+//!
+//! The command first builds the gateway (`cargo build --release -p toolgate --features testkit`)
+//! and then this crate in release, and re-executes the release `xtask` binary to measure: the
+//! load client must not be the bottleneck, and a debug client would be. The echo server runs
+//! as `xtask bench --echo-server` from that same release binary.
+//!
+//! Options:
+//! - `--duration SECS`: measured seconds per target and per phase (default 10).
+//! - `--concurrency N`: calls in flight in the closed loop (default 128: the gateway's best in a `--sweep`).
+//! - `--connections N`: HTTP/2 connections the calls are spread over (default 4).
+//! - `--rate N`: offered calls per second in the open loop (default 1000).
+//! - `--client-threads N`: the load client's runtime worker threads (default 1).
+//! - `--starts N`: fresh starts timed for start-up to healthy (default 5).
+//! - `--sweep`: also measures the gateway's closed-loop throughput at several concurrencies
+//!   (8 to 256), to pick `--concurrency`.
+//! - `--quick`: a short smoke run (2 s phases, 3 starts).
+//!
+//! Internal: `--no-build` (the parent already built everything) and `--echo-server`.
+
+mod echo;
+mod load;
+mod process;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+use crate::bench::load::{ClosedLoop, OpenLoop, Target};
+use crate::bench::process::{Gateway, StartupSample};
+use crate::bench::report::{Report, TargetFigures};
+
+/// Runs the benchmark (or, internally, the echo server).
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let options = Options::parse(args)?;
+    if options.echo_server {
+        return echo::serve();
+    }
+    let root = workspace_root()?;
+    let target_dir = target_dir(&root);
+    if !options.no_build {
+        cargo(
+            &root,
+            &[
+                "build",
+                "--release",
+                "-p",
+                "toolgate",
+                "--features",
+                "testkit",
+            ],
+        )?;
+        if cfg!(debug_assertions) {
+            return reexec_release(&root, &target_dir, args);
+        }
+    }
+    measure(&options, &target_dir)
+}
+
+/// Parsed command-line options.
+#[derive(Debug, Clone)]
+struct Options {
+    duration: Duration,
+    closed_warmup: Duration,
+    open_warmup: Duration,
+    concurrency: usize,
+    connections: usize,
+    rate: u32,
+    client_threads: usize,
+    starts: usize,
+    sweep: bool,
+    quick: bool,
+    no_build: bool,
+    echo_server: bool,
+}
+
+/// Concurrencies tried by `--sweep`.
+const SWEEP: &[usize] = &[8, 16, 32, 64, 128, 256];
+
+impl Options {
+    fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let mut duration_secs: Option<u64> = None;
+        let mut options = Options {
+            duration: Duration::from_secs(10),
+            closed_warmup: Duration::from_secs(2),
+            open_warmup: Duration::from_secs(1),
+            concurrency: 128,
+            connections: 4,
+            rate: 1000,
+            client_threads: 1,
+            starts: 5,
+            sweep: false,
+            quick: false,
+            no_build: false,
+            echo_server: false,
+        };
+        let mut starts: Option<usize> = None;
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) => (name, Some(value.to_owned())),
+                None => (arg.as_str(), None),
+            };
+            let mut value = |what: &str| -> anyhow::Result<String> {
+                match inline.clone().or_else(|| rest.next().cloned()) {
+                    Some(value) => Ok(value),
+                    None => bail!("{name} needs {what}\n{USAGE}"),
+                }
+            };
+            match name {
+                "--duration" => {
+                    duration_secs = Some(positive(name, &value("a number of seconds")?)?)
+                }
+                "--concurrency" => options.concurrency = positive(name, &value("a number")?)?,
+                "--connections" => options.connections = positive(name, &value("a number")?)?,
+                "--rate" => options.rate = positive(name, &value("calls per second")?)?,
+                "--client-threads" => options.client_threads = positive(name, &value("a number")?)?,
+                "--starts" => starts = Some(positive(name, &value("a number")?)?),
+                "--sweep" => options.sweep = true,
+                "--quick" => options.quick = true,
+                "--no-build" => options.no_build = true,
+                "--echo-server" => options.echo_server = true,
+                _ => bail!("unknown option `{arg}`\n{USAGE}"),
+            }
+        }
+        if options.quick {
+            options.duration = Duration::from_secs(2);
+            options.closed_warmup = Duration::from_millis(500);
+            options.open_warmup = Duration::from_millis(500);
+            options.starts = 3;
+        }
+        if let Some(secs) = duration_secs {
+            options.duration = Duration::from_secs(secs);
+        }
+        if let Some(starts) = starts {
+            options.starts = starts;
+        }
+        Ok(options)
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick]";
+
+fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
+where
+    T: std::str::FromStr + PartialOrd + Default,
+{
+    match text.parse::<T>() {
+        Ok(value) if value > T::default() => Ok(value),
+        _ => bail!("{name} must be a whole number above 0, got `{text}`"),
+    }
+}
+
+/// Measures both targets and reports. Runs in the release binary.
+fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
+    let gateway_binary = target_dir.join("release").join("toolgate");
+    if !gateway_binary.exists() {
+        bail!(
+            "{} does not exist; build it with `cargo build --release -p toolgate --features testkit`",
+            gateway_binary.display()
+        );
+    }
+    let own_binary = std::env::current_exe().context("cannot find the running xtask binary")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(options.client_threads)
+        .enable_all()
+        .build()
+        .context("cannot start the load client's runtime")?;
+    println!(
+        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; client: release build, {} runtime thread(s)",
+        options.concurrency,
+        options.connections,
+        options.rate,
+        options.duration.as_secs_f64(),
+        options.client_threads
+    );
+
+    println!("\n==> echo server (the floor)");
+    let echo = process::spawn_echo(&own_binary)?;
+    let echo_target = Target::echo(&echo.url);
+    let echo_figures = runtime.block_on(measure_target(options, &echo_target, echo.pid()))?;
+    let echo_rss = process::peak_rss_kib(echo.pid())?;
+    drop(echo);
+
+    println!("\n==> gateway ({})", gateway_binary.display());
+    let gateway = Gateway::start(&gateway_binary)?;
+    let gateway_target = runtime.block_on(gateway.prepare())?;
+    let sweep = if options.sweep {
+        runtime.block_on(sweep_concurrency(options, &gateway_target, gateway.pid()))?
+    } else {
+        Vec::new()
+    };
+    let gateway_figures =
+        runtime.block_on(measure_target(options, &gateway_target, gateway.pid()))?;
+    let gateway_rss = process::peak_rss_kib(gateway.pid())?;
+    let gateway_stderr = gateway.stderr_summary();
+    drop(gateway);
+
+    println!(
+        "\n==> start-up to healthy ({} fresh starts)",
+        options.starts
+    );
+    let startups: Vec<StartupSample> = (0..options.starts)
+        .map(|_| runtime.block_on(process::time_startup(&gateway_binary)))
+        .collect::<anyhow::Result<_>>()?;
+
+    let report = Report {
+        options: report::OptionsSummary {
+            duration: options.duration,
+            concurrency: options.concurrency,
+            connections: options.connections,
+            rate: options.rate,
+            client_threads: options.client_threads,
+            quick: options.quick,
+        },
+        echo: TargetFigures {
+            closed: echo_figures.0,
+            open: echo_figures.1,
+            peak_rss_kib: echo_rss,
+        },
+        gateway: TargetFigures {
+            closed: gateway_figures.0,
+            open: gateway_figures.1,
+            peak_rss_kib: gateway_rss,
+        },
+        startups,
+        sweep,
+        gateway_stderr,
+    };
+    report.print();
+    let path = target_dir.join("bench").join("results.json");
+    report.write_json(&path)?;
+    println!("\nwrote {}", path.display());
+    report.check_calls()
+}
+
+/// The closed loop, then the open loop, against one target.
+async fn measure_target(
+    options: &Options,
+    target: &Target,
+    server_pid: u32,
+) -> anyhow::Result<(ClosedLoop, OpenLoop)> {
+    let channels = load::connect(&target.url, options.connections).await?;
+    let closed = load::closed_loop(
+        target,
+        &channels,
+        "closed",
+        options.concurrency,
+        options.closed_warmup,
+        options.duration,
+        server_pid,
+    )
+    .await?;
+    println!(
+        "  closed loop: {:.0} calls/s ({} failed), server CPU {:.0}%, client CPU {:.0}%",
+        closed.throughput(),
+        closed.failed,
+        closed.cpu.server_percent,
+        closed.cpu.client_percent
+    );
+    let open = load::open_loop(
+        target,
+        &channels,
+        options.rate,
+        options.open_warmup,
+        options.duration,
+        server_pid,
+    )
+    .await?;
+    println!(
+        "  open loop at {} calls/s: p50 {} µs, p99 {} µs ({} failed)",
+        options.rate,
+        open.latency.p50.as_micros(),
+        open.latency.p99.as_micros(),
+        open.failed
+    );
+    Ok((closed, open))
+}
+
+/// The gateway's closed-loop throughput at each concurrency of [`SWEEP`].
+async fn sweep_concurrency(
+    options: &Options,
+    target: &Target,
+    server_pid: u32,
+) -> anyhow::Result<Vec<(usize, ClosedLoop)>> {
+    let channels = load::connect(&target.url, options.connections).await?;
+    let duration = if options.quick {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3)
+    };
+    let mut results = Vec::new();
+    for &concurrency in SWEEP {
+        let phase = format!("sweep{concurrency}");
+        let closed = load::closed_loop(
+            target,
+            &channels,
+            &phase,
+            concurrency,
+            Duration::from_secs(1),
+            duration,
+            server_pid,
+        )
+        .await?;
+        println!(
+            "  sweep: {concurrency:>4} in flight: {:>8.0} calls/s, gateway CPU {:.0}%, client CPU {:.0}%",
+            closed.throughput(),
+            closed.cpu.server_percent,
+            closed.cpu.client_percent
+        );
+        results.push((concurrency, closed));
+    }
+    Ok(results)
+}
+
+/// Builds this crate in release and runs the benchmark there, passing the options on.
+fn reexec_release(root: &Path, target_dir: &Path, args: &[String]) -> anyhow::Result<()> {
+    cargo(root, &["build", "--release", "-p", "xtask"])?;
+    let binary = target_dir.join("release").join("xtask");
+    let status = Command::new(&binary)
+        .arg("bench")
+        .arg("--no-build")
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    if !status.success() {
+        bail!("the release benchmark process failed ({status})");
+    }
+    Ok(())
+}
+
+fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    println!("==> cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run {cargo}"))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn workspace_root() -> anyhow::Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask lives one level below the workspace root")
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    }
+}

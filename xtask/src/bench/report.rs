@@ -1,0 +1,468 @@
+//! The benchmark's figures: the table printed for people, `results.json` for tools, and the
+//! budget each figure is compared against.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use crate::bench::load::{ClosedLoop, Latency, OpenLoop};
+use crate::bench::process::{CpuUsage, StartupSample};
+
+/// Everything one run measured.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) options: OptionsSummary,
+    pub(crate) echo: TargetFigures,
+    pub(crate) gateway: TargetFigures,
+    pub(crate) startups: Vec<StartupSample>,
+    pub(crate) sweep: Vec<(usize, ClosedLoop)>,
+    /// What the gateway logged on stderr at `warn`, if anything.
+    pub(crate) gateway_stderr: Option<String>,
+}
+
+/// The settings both targets were measured with.
+#[derive(Debug)]
+pub(crate) struct OptionsSummary {
+    pub(crate) duration: Duration,
+    pub(crate) concurrency: usize,
+    pub(crate) connections: usize,
+    pub(crate) rate: u32,
+    pub(crate) client_threads: usize,
+    pub(crate) quick: bool,
+}
+
+/// One target's figures.
+#[derive(Debug)]
+pub(crate) struct TargetFigures {
+    pub(crate) closed: ClosedLoop,
+    pub(crate) open: OpenLoop,
+    pub(crate) peak_rss_kib: u64,
+}
+
+/// Above this much CPU used by other processes (percent of a core) the figures are flagged.
+const BUSY_MACHINE_PERCENT: f64 = 20.0;
+
+/// Picks one percentile out of a latency summary.
+type Pick = fn(&Latency) -> Duration;
+
+/// One line of the budget.
+struct Check {
+    name: &'static str,
+    value: f64,
+    unit: &'static str,
+    limit: f64,
+    /// True when the value must be at least the limit, false when at most.
+    at_least: bool,
+}
+
+impl Check {
+    fn pass(&self) -> bool {
+        if self.at_least {
+            self.value >= self.limit
+        } else {
+            self.value <= self.limit
+        }
+    }
+}
+
+impl Report {
+    fn ratio(&self) -> f64 {
+        let floor = self.echo.closed.throughput();
+        if floor > 0.0 {
+            self.gateway.closed.throughput() / floor
+        } else {
+            0.0
+        }
+    }
+
+    fn added(&self, pick: Pick) -> f64 {
+        micros(pick(&self.gateway.open.latency)) - micros(pick(&self.echo.open.latency))
+    }
+
+    fn healthy_median(&self) -> Duration {
+        let mut healthy: Vec<Duration> = self.startups.iter().map(|s| s.healthy).collect();
+        healthy.sort_unstable();
+        healthy.get(healthy.len() / 2).copied().unwrap_or_default()
+    }
+
+    fn checks(&self) -> Vec<Check> {
+        vec![
+            Check {
+                name: "throughput ratio gateway/echo",
+                value: self.ratio(),
+                unit: "",
+                limit: 0.5,
+                at_least: true,
+            },
+            Check {
+                name: "gateway throughput",
+                value: self.gateway.closed.throughput(),
+                unit: "calls/s",
+                limit: 12_000.0,
+                at_least: true,
+            },
+            Check {
+                name: "added p99 latency at the fixed rate",
+                value: self.added(|l| l.p99) / 1000.0,
+                unit: "ms",
+                limit: 1.0,
+                at_least: false,
+            },
+            Check {
+                name: "gateway peak RSS",
+                value: kib_to_mib(self.gateway.peak_rss_kib),
+                unit: "MiB",
+                limit: 64.0,
+                at_least: false,
+            },
+            Check {
+                name: "start-up to healthy (median)",
+                value: millis(self.healthy_median()),
+                unit: "ms",
+                limit: 200.0,
+                at_least: false,
+            },
+        ]
+    }
+
+    /// Prints the table.
+    pub(crate) fn print(&self) {
+        let mut out = String::new();
+        let o = &self.options;
+        let (echo, gateway) = (&self.echo, &self.gateway);
+        let _ = writeln!(out, "\n==> results");
+        let _ = writeln!(
+            out,
+            "closed loop: {} calls in flight over {} HTTP/2 connections, {} s measured; open loop: {} calls/s for {} s; client: {} runtime thread(s){}",
+            o.concurrency,
+            o.connections,
+            o.duration.as_secs_f64(),
+            o.rate,
+            o.duration.as_secs_f64(),
+            o.client_threads,
+            if o.quick { " (quick run)" } else { "" }
+        );
+        let _ = writeln!(
+            out,
+            "\n{:<40} {:>12} {:>12} {:>14}",
+            "", "echo", "gateway", "gateway-echo"
+        );
+        let row = |out: &mut String, name: &str, e: f64, g: f64, diff: &str| {
+            let _ = writeln!(out, "{name:<40} {e:>12.0} {g:>12.0} {diff:>14}");
+        };
+        row(
+            &mut out,
+            "throughput (calls/s)",
+            echo.closed.throughput(),
+            gateway.closed.throughput(),
+            &format!("ratio {:.2}", self.ratio()),
+        );
+        row(
+            &mut out,
+            "  server CPU (% of a core)",
+            echo.closed.cpu.server_percent,
+            gateway.closed.cpu.server_percent,
+            "",
+        );
+        row(
+            &mut out,
+            "  client CPU (% of a core)",
+            echo.closed.cpu.client_percent,
+            gateway.closed.cpu.client_percent,
+            "",
+        );
+        row(
+            &mut out,
+            "  other processes CPU (% of a core)",
+            echo.closed.cpu.others_percent(),
+            gateway.closed.cpu.others_percent(),
+            "",
+        );
+        let _ = writeln!(
+            out,
+            "latency at {} calls/s (µs, from scheduled send)",
+            o.rate
+        );
+        let latency_rows: [(&str, Pick); 5] = [
+            ("  p50", |l| l.p50),
+            ("  p90", |l| l.p90),
+            ("  p99", |l| l.p99),
+            ("  p99.9", |l| l.p999),
+            ("  max", |l| l.max),
+        ];
+        for (name, pick) in latency_rows {
+            row(
+                &mut out,
+                name,
+                micros(pick(&echo.open.latency)),
+                micros(pick(&gateway.open.latency)),
+                &format!("added {:.0}", self.added(pick)),
+            );
+        }
+        row(
+            &mut out,
+            "  server CPU (% of a core)",
+            echo.open.cpu.server_percent,
+            gateway.open.cpu.server_percent,
+            "",
+        );
+        row(
+            &mut out,
+            "  client send lag p99 (µs)",
+            micros(echo.open.send_lag_p99),
+            micros(gateway.open.send_lag_p99),
+            "",
+        );
+        row(
+            &mut out,
+            "  other processes CPU (% of a core)",
+            echo.open.cpu.others_percent(),
+            gateway.open.cpu.others_percent(),
+            "",
+        );
+        let _ = writeln!(
+            out,
+            "{:<40} {:>12.1} {:>12.1}",
+            "peak RSS after the load (MiB)",
+            kib_to_mib(echo.peak_rss_kib),
+            kib_to_mib(gateway.peak_rss_kib)
+        );
+        let samples: Vec<String> = self
+            .startups
+            .iter()
+            .map(|s| format!("{:.1}", millis(s.healthy)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<40} {:>12} {:>12.1}   samples: {}",
+            "start-up to healthy, median (ms)",
+            "",
+            millis(self.healthy_median()),
+            samples.join(", ")
+        );
+        let threads: Vec<String> = gateway
+            .closed
+            .cpu
+            .server_threads
+            .iter()
+            .take(6)
+            .map(|(name, used)| format!("{name} {used:.0}%"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "gateway CPU by thread (closed loop): {}",
+            threads.join(", ")
+        );
+        let others = [
+            &echo.closed.cpu,
+            &echo.open.cpu,
+            &gateway.closed.cpu,
+            &gateway.open.cpu,
+        ]
+        .iter()
+        .map(|cpu| cpu.others_percent())
+        .fold(0.0, f64::max);
+        if others > BUSY_MACHINE_PERCENT {
+            let _ = writeln!(
+                out,
+                "WARNING: other processes used up to {others:.0}% of a core during the measurement; the figures are pessimistic"
+            );
+        }
+        let failures = [
+            (
+                "echo closed loop",
+                echo.closed.failed,
+                &echo.closed.first_failure,
+            ),
+            ("echo open loop", echo.open.failed, &echo.open.first_failure),
+            (
+                "gateway closed loop",
+                gateway.closed.failed,
+                &gateway.closed.first_failure,
+            ),
+            (
+                "gateway open loop",
+                gateway.open.failed,
+                &gateway.open.first_failure,
+            ),
+        ];
+        for (phase, failed, first) in failures {
+            if failed > 0 {
+                let _ = writeln!(
+                    out,
+                    "FAILED CALLS: {phase}: {failed} (first: {})",
+                    first.as_deref().unwrap_or("?")
+                );
+            }
+        }
+        if let Some(stderr) = &self.gateway_stderr {
+            let _ = writeln!(out, "gateway stderr: {stderr}");
+        }
+        if !self.sweep.is_empty() {
+            let _ = writeln!(out, "\ngateway throughput by concurrency (--sweep)");
+            for (concurrency, closed) in &self.sweep {
+                let _ = writeln!(
+                    out,
+                    "  {concurrency:>4} in flight: {:>8.0} calls/s, gateway CPU {:>4.0}%, client CPU {:>4.0}%",
+                    closed.throughput(),
+                    closed.cpu.server_percent,
+                    closed.cpu.client_percent
+                );
+            }
+        }
+        let _ = writeln!(out, "\ntargets");
+        for check in self.checks() {
+            let _ = writeln!(
+                out,
+                "  {}  {:<38} {:>10.2} {:<8} (target {} {})",
+                if check.pass() { "PASS" } else { "MISS" },
+                check.name,
+                check.value,
+                check.unit,
+                if check.at_least { ">=" } else { "<=" },
+                check.limit
+            );
+        }
+        print!("{out}");
+    }
+
+    /// Writes the figures as JSON.
+    pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        let o = &self.options;
+        let mut value = json!({
+            "settings": {
+                "duration_s": o.duration.as_secs_f64(),
+                "concurrency": o.concurrency,
+                "connections": o.connections,
+                "rate_per_s": o.rate,
+                "client_threads": o.client_threads,
+                "client_build": "release",
+                "quick": o.quick,
+                "tool": "testkit.noop",
+                "arguments": "{}",
+            },
+            "echo": target_json(&self.echo),
+            "gateway": target_json(&self.gateway),
+            "throughput_ratio": self.ratio(),
+            "added_latency_us": {
+                "p50": self.added(|l| l.p50),
+                "p90": self.added(|l| l.p90),
+                "p99": self.added(|l| l.p99),
+            },
+            "startup_ms": {
+                "median_healthy": millis(self.healthy_median()),
+                "healthy": self.startups.iter().map(|s| millis(s.healthy)).collect::<Vec<_>>(),
+                "announced": self.startups.iter().map(|s| s.announced.map(millis)).collect::<Vec<_>>(),
+            },
+            "sweep": self.sweep.iter().map(|(concurrency, closed)| json!({
+                "concurrency": concurrency,
+                "throughput_per_s": closed.throughput(),
+                "gateway_cpu_percent": closed.cpu.server_percent,
+                "client_cpu_percent": closed.cpu.client_percent,
+            })).collect::<Vec<_>>(),
+            "gateway_stderr": self.gateway_stderr,
+            "targets": self.checks().iter().map(|c| json!({
+                "name": c.name,
+                "value": c.value,
+                "unit": c.unit,
+                "limit": c.limit,
+                "at_least": c.at_least,
+                "pass": c.pass(),
+            })).collect::<Vec<_>>(),
+        });
+        round_floats(&mut value);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let text = serde_json::to_string_pretty(&value)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// A failed call means the setup is broken, which makes the figures meaningless.
+    pub(crate) fn check_calls(&self) -> anyhow::Result<()> {
+        let failed = self.echo.closed.failed
+            + self.echo.open.failed
+            + self.gateway.closed.failed
+            + self.gateway.open.failed;
+        if failed > 0 {
+            bail!(
+                "{failed} call(s) failed during the measurement; the figures above are not valid"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn target_json(figures: &TargetFigures) -> Value {
+    let closed = &figures.closed;
+    let open = &figures.open;
+    json!({
+        "closed_loop": {
+            "concurrency": closed.concurrency,
+            "calls": closed.calls,
+            "failed": closed.failed,
+            "seconds": closed.elapsed.as_secs_f64(),
+            "throughput_per_s": closed.throughput(),
+            "cpu_percent_of_a_core": cpu_json(&closed.cpu),
+        },
+        "open_loop": {
+            "rate_per_s": open.rate,
+            "scheduled": open.scheduled,
+            "failed": open.failed,
+            "latency_us": {
+                "p50": micros(open.latency.p50),
+                "p90": micros(open.latency.p90),
+                "p99": micros(open.latency.p99),
+                "p99_9": micros(open.latency.p999),
+                "max": micros(open.latency.max),
+            },
+            "client_send_lag_p99_us": micros(open.send_lag_p99),
+            "cpu_percent_of_a_core": cpu_json(&open.cpu),
+        },
+        "peak_rss_kib": figures.peak_rss_kib,
+    })
+}
+
+fn cpu_json(cpu: &CpuUsage) -> Value {
+    json!({
+        "server": cpu.server_percent,
+        "server_threads": cpu.server_threads.iter().map(|(name, used)| json!({"thread": name, "percent": used})).collect::<Vec<_>>(),
+        "client": cpu.client_percent,
+        "other_processes": cpu.others_percent(),
+    })
+}
+
+/// Rounds every fractional number to three decimals, so the file reads well.
+fn round_floats(value: &mut Value) {
+    match value {
+        Value::Number(number) if number.is_f64() => {
+            if let Some(rounded) = number
+                .as_f64()
+                .map(|x| (x * 1000.0).round() / 1000.0)
+                .and_then(serde_json::Number::from_f64)
+            {
+                *number = rounded;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(round_floats),
+        Value::Object(fields) => fields.values_mut().for_each(round_floats),
+        _ => {}
+    }
+}
+
+fn micros(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e6
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+fn kib_to_mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}

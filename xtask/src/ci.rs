@@ -1,0 +1,291 @@
+//! `cargo xtask ci`: the whole test suite, in the order a reviewer would want failures
+//! reported (cheap checks first). It installs what it needs (the Python contract-test
+//! environment) under `target/`, so a fresh clone needs nothing but Rust and Python 3.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail};
+
+/// Runs every check. `--no-lint` skips fmt and clippy (for quick local runs).
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let lint = !args.iter().any(|a| a == "--no-lint");
+    let root = workspace_root()?;
+    let mut totals = Totals::default();
+
+    if lint {
+        step("cargo fmt --check");
+        cargo(&root, &["fmt", "--all", "--", "--check"])?;
+        step("cargo clippy (default features)");
+        cargo(
+            &root,
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        )?;
+        step("cargo clippy (all features)");
+        cargo(
+            &root,
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        )?;
+    }
+
+    // The end-to-end tests drive the real binary built with the test connectors. Building the
+    // workspace with all features keeps one feature set for build and test, so nothing is
+    // compiled twice.
+    step("cargo build (all features)");
+    cargo(
+        &root,
+        &[
+            "build",
+            "--workspace",
+            "--all-features",
+            "--bins",
+            "--locked",
+        ],
+    )?;
+
+    step("cargo test (all features)");
+    totals.add(cargo_test(&root)?);
+
+    step("python contract tests (grpcio client)");
+    totals.add(python_tests(&root)?);
+
+    println!();
+    println!("ci: {} passed, {} failed", totals.passed, totals.failed);
+    if totals.failed > 0 {
+        bail!("{} test(s) failed", totals.failed);
+    }
+    Ok(())
+}
+
+#[derive(Default, Debug)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+}
+
+impl Totals {
+    fn add(&mut self, other: Totals) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+    }
+}
+
+fn step(name: &str) {
+    println!("\n==> {name}");
+}
+
+fn workspace_root() -> anyhow::Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask lives one level below the workspace root")
+}
+
+fn cargo_bin() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new(cargo_bin())
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Runs `cargo test`, echoing its output and adding up its `test result:` lines.
+fn cargo_test(root: &Path) -> anyhow::Result<Totals> {
+    let mut child = Command::new(cargo_bin())
+        .args(["test", "--workspace", "--all-features", "--locked"])
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run cargo test")?;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            totals.passed += count_before(rest, " passed");
+            totals.failed += count_before(rest, " failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && totals.failed == 0 {
+        bail!("cargo test failed before running every test (see above)");
+    }
+    Ok(totals)
+}
+
+/// The number right before `label` in a summary line such as `ok. 3 passed; 0 failed; ...`.
+fn count_before(text: &str, label: &str) -> u64 {
+    let Some(end) = text.find(label) else {
+        return 0;
+    };
+    let digits: String = text[..end]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().unwrap_or(0)
+}
+
+/// Creates `target/py/venv` with the pinned requirements, generates stubs from `proto/` and
+/// runs the Python contract tests against the testkit gateway binary.
+fn python_tests(root: &Path) -> anyhow::Result<Totals> {
+    let python = which_python()?;
+    let py_dir = root.join("target/py");
+    let venv = py_dir.join("venv");
+    let venv_python = venv.join("bin/python");
+    let requirements = root.join("tests/python/requirements.txt");
+    let stamp = venv.join(".requirements");
+    let wanted = std::fs::read_to_string(&requirements).context("tests/python/requirements.txt")?;
+    let installed = std::fs::read_to_string(&stamp).unwrap_or_default();
+    if !venv_python.exists() || installed != wanted {
+        println!(
+            "installing the Python test environment into {}",
+            venv.display()
+        );
+        run_command(
+            Command::new(&python)
+                .args(["-m", "venv", "--clear"])
+                .arg(&venv),
+        )?;
+        run_command(
+            Command::new(&venv_python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "-r",
+                ])
+                .arg(&requirements),
+        )?;
+        std::fs::write(&stamp, &wanted)?;
+    }
+    let stubs = py_dir.join("stubs");
+    std::fs::create_dir_all(&stubs)?;
+    run_command(
+        Command::new(&venv_python)
+            .args(["-m", "grpc_tools.protoc", "-Iproto", "--python_out"])
+            .arg(&stubs)
+            .arg("--grpc_python_out")
+            .arg(&stubs)
+            .arg("proto/toolgate/v1/toolgate.proto")
+            .current_dir(root),
+    )?;
+    let binary = root.join("target/debug/toolgate");
+    let output = Command::new(&venv_python)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/python",
+        ])
+        .env("PYTHONPATH", &stubs)
+        .env("TOOLGATE_BIN", &binary)
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run pytest")?;
+    let mut child = output;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        let trimmed = line.trim_matches(|c| c == '=' || c == ' ');
+        let summary = [" passed", " failed", " error"]
+            .iter()
+            .any(|w| trimmed.contains(w));
+        if summary && trimmed.contains(" in ") {
+            totals.passed += count_before(trimmed, " passed");
+            totals.failed += count_before(trimmed, " failed") + count_before(trimmed, " error");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && totals.failed == 0 {
+        bail!("pytest failed (exit {status}) without reporting failed tests; see above");
+    }
+    if totals.passed == 0 && totals.failed == 0 {
+        bail!("pytest ran no test");
+    }
+    Ok(totals)
+}
+
+fn which_python() -> anyhow::Result<PathBuf> {
+    for candidate in ["python3", "python"] {
+        let found = Command::new(candidate)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if found {
+            return Ok(PathBuf::from(candidate));
+        }
+    }
+    bail!(
+        "the Python contract tests need Python 3 with venv: install python3 (e.g. `apt-get install python3 python3-venv`)"
+    )
+}
+
+fn run_command(command: &mut Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed with {status}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_before;
+
+    #[test]
+    fn counts_are_read_from_summary_lines() {
+        let cases = [
+            ("ok. 14 passed; 0 failed; 0 ignored", " passed", 14),
+            ("FAILED. 3 passed; 2 failed; 0 ignored", " failed", 2),
+            ("5 passed in 2.31s", " passed", 5),
+            ("1 failed, 4 passed in 2s", " failed", 1),
+            ("no tests ran", " passed", 0),
+        ];
+        for (text, label, expected) in cases {
+            assert_eq!(count_before(text, label), expected, "{text}");
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Project automation, run as `cargo xtask <command>`:
+//! - `ci`: everything CI checks, in order (format, lints, the Rust suites, the Python contract
+//!   tests); the one command that says whether main is green.
+//! - `bench`: the gateway's overhead benchmark (see `bench.rs`).
+
+#![allow(clippy::print_stdout, reason = "xtask reports to its user on stdout")]
+
+mod bench;
+mod ci;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <ci|bench> [options]\n  ci      format, lints, every test suite (Rust and Python)\n  bench   gateway overhead benchmark; writes target/bench/results.json"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
