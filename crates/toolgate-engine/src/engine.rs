@@ -637,12 +637,8 @@ impl Engine {
             pending: None,
             events: vec![requested],
         };
-        match self.store.record_call(new_call).await? {
-            RecordOutcome::Recorded => {}
-            RecordOutcome::BudgetExceeded(record) => {
-                return Ok(outcome_from_record(&record, false));
-            }
-            RecordOutcome::Duplicate(existing) => return self.replay(&call, existing),
+        if let Some(answer) = self.record(new_call, &call).await? {
+            return answer;
         }
 
         // Step 9: credentials, only those the tool declares, for this tenant.
@@ -854,6 +850,20 @@ impl Engine {
         }
     }
 
+    /// Writes a new call. `Some` carries the answer when the store recorded something other
+    /// than what was asked: the budget was used up, or the tool_use_id was seen before.
+    async fn record(
+        &self,
+        new_call: NewCall,
+        call: &ToolCallRecord,
+    ) -> Result<Option<Result<ExecuteOutcome, EngineError>>, EngineError> {
+        Ok(match self.store.record_call(new_call).await? {
+            RecordOutcome::Recorded => None,
+            RecordOutcome::BudgetExceeded(record) => Some(Ok(outcome_from_record(&record, false))),
+            RecordOutcome::Duplicate(existing) => Some(self.replay(call, existing)),
+        })
+    }
+
     /// Records a call that stops before execution, with its audit trail, and answers with it.
     async fn refuse(
         &self,
@@ -887,12 +897,8 @@ impl Engine {
             pending: None,
             events: vec![requested, terminal],
         };
-        match self.store.record_call(new_call).await? {
-            RecordOutcome::Recorded => {}
-            RecordOutcome::BudgetExceeded(record) => {
-                return Ok(outcome_from_record(&record, false));
-            }
-            RecordOutcome::Duplicate(existing) => return self.replay(&call, existing),
+        if let Some(answer) = self.record(new_call, &call).await? {
+            return answer;
         }
         debug!(tool = %call.tool, code = %error.code, reason, "tool call refused");
         Ok(ExecuteOutcome {
@@ -961,12 +967,8 @@ impl Engine {
             pending: Some(pending),
             events: vec![requested, approval],
         };
-        match self.store.record_call(new_call).await? {
-            RecordOutcome::Recorded => {}
-            RecordOutcome::BudgetExceeded(record) => {
-                return Ok(outcome_from_record(&record, false));
-            }
-            RecordOutcome::Duplicate(existing) => return self.replay(&call, existing),
+        if let Some(answer) = self.record(new_call, &call).await? {
+            return answer;
         }
         let who = if decision.decision == Decision::RequireClientApproval {
             "the client"
