@@ -16,14 +16,19 @@
 //! The command first builds the gateway (`cargo build --release -p toolgate --features testkit`)
 //! and then this crate in release, and re-executes the release `xtask` binary to measure: the
 //! load client must not be the bottleneck, and a debug client would be. The echo server runs
-//! as `xtask bench --echo-server` from that same release binary.
+//! as `xtask bench --echo-server` from that same release binary. Alongside each figure the
+//! table shows the CPU used (from `/proc`) by the server, by the load client and by other
+//! processes, and the gateway's CPU per thread, so a saturated client or a busy machine shows.
 //!
 //! Options:
 //! - `--duration SECS`: measured seconds per target and per phase (default 10).
-//! - `--concurrency N`: calls in flight in the closed loop (default 128: the gateway's best in a `--sweep`).
+//! - `--concurrency N`: calls in flight in the closed loop (default 128: the gateway's best in a
+//!   `--sweep`; 256 gave the same).
 //! - `--connections N`: HTTP/2 connections the calls are spread over (default 4).
 //! - `--rate N`: offered calls per second in the open loop (default 1000).
-//! - `--client-threads N`: the load client's runtime worker threads (default 1).
+//! - `--client-threads N`: the load client's runtime worker threads (default 1: against the
+//!   gateway it uses a fifth of a core; against the echo server two cores are saturated by
+//!   server and client together, and a second client thread changed nothing).
 //! - `--starts N`: fresh starts timed for start-up to healthy (default 5).
 //! - `--sweep`: also measures the gateway's closed-loop throughput at several concurrencies
 //!   (8 to 256), to pick `--concurrency`.
@@ -46,6 +51,16 @@ use crate::bench::load::{ClosedLoop, OpenLoop, Target};
 use crate::bench::process::{Gateway, StartupSample};
 use crate::bench::report::{Report, TargetFigures};
 
+/// Builds the gateway measured: release, with the `testkit` connectors.
+const GATEWAY_BUILD: &[&str] = &[
+    "build",
+    "--release",
+    "-p",
+    "toolgate",
+    "--features",
+    "testkit",
+];
+
 /// Runs the benchmark (or, internally, the echo server).
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let options = Options::parse(args)?;
@@ -55,17 +70,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let root = workspace_root()?;
     let target_dir = target_dir(&root);
     if !options.no_build {
-        cargo(
-            &root,
-            &[
-                "build",
-                "--release",
-                "-p",
-                "toolgate",
-                "--features",
-                "testkit",
-            ],
-        )?;
+        cargo(&root, GATEWAY_BUILD)?;
         if cfg!(debug_assertions) {
             return reexec_release(&root, &target_dir, args);
         }
@@ -194,7 +199,8 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     println!("\n==> echo server (the floor)");
     let echo = process::spawn_echo(&own_binary)?;
     let echo_target = Target::echo(&echo.url);
-    let echo_figures = runtime.block_on(measure_target(options, &echo_target, echo.pid()))?;
+    let (echo_closed, echo_open) =
+        runtime.block_on(measure_target(options, &echo_target, echo.pid()))?;
     let echo_rss = process::peak_rss_kib(echo.pid())?;
     drop(echo);
 
@@ -206,7 +212,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let gateway_figures =
+    let (gateway_closed, gateway_open) =
         runtime.block_on(measure_target(options, &gateway_target, gateway.pid()))?;
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
     let gateway_stderr = gateway.stderr_summary();
@@ -230,13 +236,13 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             quick: options.quick,
         },
         echo: TargetFigures {
-            closed: echo_figures.0,
-            open: echo_figures.1,
+            closed: echo_closed,
+            open: echo_open,
             peak_rss_kib: echo_rss,
         },
         gateway: TargetFigures {
-            closed: gateway_figures.0,
-            open: gateway_figures.1,
+            closed: gateway_closed,
+            open: gateway_open,
             peak_rss_kib: gateway_rss,
         },
         startups,

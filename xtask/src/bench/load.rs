@@ -202,7 +202,7 @@ pub(crate) async fn closed_loop(
     let cpu_end = CpuSnapshot::take(server_pid)?;
     stop.store(true, Ordering::Relaxed);
     let drained =
-        tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(5), futures_join(workers)).await;
+        tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(5), join_all(workers)).await;
     if drained.is_err() {
         bail!("the closed-loop workers did not stop");
     }
@@ -392,7 +392,7 @@ async fn call(
     }
 }
 
-async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
+async fn join_all(handles: Vec<tokio::task::JoinHandle<()>>) {
     for handle in handles {
         let _ = handle.await;
     }
