@@ -130,9 +130,11 @@ CREATE TABLE policy_decisions (
     policy_ids     TEXT    NOT NULL, -- JSON array of policy ids
     policy_version INTEGER NOT NULL,
     created_at     INTEGER NOT NULL
-) STRICT;
+) STRICT, WITHOUT ROWID;
 
-CREATE INDEX policy_decisions_tool_call ON policy_decisions (tool_call_id);
+-- Decisions are reached from their call (tool_calls.policy_decision_id), never the other way,
+-- and calls are never deleted, so the foreign key needs no index on tool_call_id: one B-tree
+-- less to write on every call.
 
 -- A suspended call. Claims are conditional updates naming the exact `version` observed.
 -- `arguments` is kept only while the row is pending (NULL once resolved).
@@ -158,11 +160,11 @@ CREATE TABLE pending_invocations (
 CREATE INDEX pending_invocations_run ON pending_invocations (tenant, run, state);
 CREATE INDEX pending_invocations_expiry ON pending_invocations (state, expires_at);
 
--- The audit trail: one hash chain per tenant. `seq` is the global insertion order
--- (AUTOINCREMENT: never reused, even after the newest rows are removed); `chain_seq` is the
--- position in the tenant's chain, 1, 2, 3, ... without gaps.
+-- The audit trail: one hash chain per tenant. `seq` is the global insertion order (no
+-- AUTOINCREMENT: rows are never deleted, and AUTOINCREMENT costs a write of sqlite_sequence on
+-- every append); `chain_seq` is the position in the tenant's chain, 1, 2, 3, ... without gaps.
 CREATE TABLE audit_events (
-    seq          INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+    seq          INTEGER NOT NULL PRIMARY KEY,
     tenant       TEXT    NOT NULL REFERENCES tenants (id),
     chain_seq    INTEGER NOT NULL CHECK (chain_seq >= 1),
     kind         TEXT    NOT NULL,

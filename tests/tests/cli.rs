@@ -134,7 +134,8 @@ fn tools_lists_the_testkit_tools() {
 #[test]
 fn bad_configuration_is_refused_before_binding() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case<'_>] = &[
         (
             "[server]\nlisten = \"127.0.0.1:0\"\nport = 5\n",
             &[],

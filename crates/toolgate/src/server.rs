@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use toolgate_core::{Clock, Connector, SystemClock, ToolRegistry};
 use toolgate_engine::{Catalog, Engine};
 use toolgate_ledger::{Role, SqliteStore, Store};
@@ -85,6 +84,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let local = listener.local_addr()?;
+    // `Server::tcp_nodelay` does not apply to a listener handed in, so set it on the incoming
+    // stream: without it, small responses wait for Nagle and delayed ACKs.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
 
     let shared = Shared {
         engine,
@@ -107,12 +109,11 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     announce(&format!("toolgate listening on {local}"));
 
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(AgentServiceServer::new(AgentApi(shared.clone())))
         .add_service(AdminServiceServer::new(AdminApi(shared)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal())
+        .serve_with_incoming_shutdown(incoming, shutdown_signal())
         .await?;
     info!("toolgate stopped");
     Ok(())
