@@ -60,6 +60,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
+    install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -112,4 +113,14 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// Logs panics (a connector's, typically) as one redacted error line instead of the default
+/// stderr dump; the engine has already turned the panic into a failed call.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let redactor = toolgate_core::Redactor::new();
+        let message = info.to_string();
+        tracing::error!(panic = %redactor.redact_text(&message), "a task panicked");
+    }));
 }
