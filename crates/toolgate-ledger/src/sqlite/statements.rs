@@ -67,6 +67,12 @@ pub(super) const UPSERT_HEAD: &str = "INSERT INTO audit_heads (tenant, chain_seq
      VALUES (?, ?, ?) ON CONFLICT (tenant) DO UPDATE SET chain_seq = excluded.chain_seq, \
      hash = excluded.hash";
 
+/// [`UPSERT_HEAD`] only when the previous statement changed a row: after a conditional event
+/// insert, the head moves only if the event was written.
+pub(super) const UPSERT_HEAD_IF_CHANGED: &str = "INSERT INTO audit_heads (tenant, chain_seq, hash) \
+     SELECT ?, ?, ? WHERE changes() = 1 ON CONFLICT (tenant) DO UPDATE SET \
+     chain_seq = excluded.chain_seq, hash = excluded.hash";
+
 pub(super) fn bind_call(query: SqlQuery, prepared: &PreparedCall) -> SqlQuery {
     let call = &prepared.call;
     query
@@ -289,13 +295,59 @@ pub(super) enum Shape {
     Append { events: usize },
     /// The moved chain heads, then COMMIT.
     Commit { heads: usize },
+    /// A batch of one hot operation as a whole transaction in one round trip:
+    /// `BEGIN IMMEDIATE`, the operation's shape, its chain heads, `COMMIT`.
+    SoloRecord {
+        count_on_run: bool,
+        decision: bool,
+        pending: bool,
+        events: usize,
+        heads: usize,
+    },
+    /// As [`Shape::SoloRecord`] for `finish_call`; the heads move only if the call did.
+    SoloFinish { events: usize, heads: usize },
+    /// As [`Shape::SoloRecord`] for `append_events`.
+    SoloAppend { events: usize, heads: usize },
     /// One multi-row statement.
     Rows { kind: RowKind, rows: usize },
 }
 
 impl Shape {
     pub(super) fn sql(self) -> SqlStr {
-        let text = match self {
+        // Built only from the constant statements of this module; every value is a bound
+        // parameter.
+        AssertSqlSafe(Arc::<str>::from(self.text())).into_sql_str()
+    }
+
+    fn text(self) -> String {
+        let solo = |inner: Shape, head: &str, heads: usize| {
+            let mut statements = vec!["BEGIN IMMEDIATE".to_owned(), inner.text()];
+            statements.extend(std::iter::repeat_n(head.to_owned(), heads));
+            statements.push("COMMIT".to_owned());
+            statements.join(";\n")
+        };
+        match self {
+            Shape::SoloRecord {
+                count_on_run,
+                decision,
+                pending,
+                events,
+                heads,
+            } => {
+                let inner = Shape::Record {
+                    count_on_run,
+                    decision,
+                    pending,
+                    events,
+                };
+                solo(inner, UPSERT_HEAD, heads)
+            }
+            Shape::SoloFinish { events, heads } => {
+                solo(Shape::Finish { events }, UPSERT_HEAD_IF_CHANGED, heads)
+            }
+            Shape::SoloAppend { events, heads } => {
+                solo(Shape::Append { events }, UPSERT_HEAD, heads)
+            }
             Shape::Record {
                 count_on_run,
                 decision,
@@ -337,8 +389,6 @@ impl Shape {
                 let (head, row, tail) = kind.parts();
                 format!("{head}{}{tail}", vec![row; rows].join(", "))
             }
-        };
-        // Built only from the constant statements above; every value is a bound parameter.
-        AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+        }
     }
 }

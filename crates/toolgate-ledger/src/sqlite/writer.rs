@@ -53,8 +53,8 @@ use crate::sqlite::ops::{
 };
 use crate::sqlite::rows::{Fail, SqlFailure, read_failure};
 use crate::sqlite::statements::{
-    ChainLink, Shape, UPSERT_HEAD, bind_call, bind_count_on_run, bind_decision, bind_event,
-    bind_finish, bind_pending,
+    ChainLink, Shape, SqlQuery, UPSERT_HEAD, bind_call, bind_count_on_run, bind_decision,
+    bind_event, bind_finish, bind_pending,
 };
 use crate::sqlite::steps::Steps;
 
@@ -180,6 +180,12 @@ impl Writer {
         ops: &[OpKind],
     ) -> Result<Vec<Result<Reply, LedgerError>>, LedgerError> {
         self.moved_heads.clear();
+        if let [op] = ops
+            && let Some(reply) = self.run_solo(op).await
+        {
+            self.counters.commits.fetch_add(1, Ordering::Relaxed);
+            return Ok(vec![Ok(reply)]);
+        }
         let plan = Plan::new(ops);
         // With nothing to run before the bulk write, its savepoint opens in the same round trip.
         let bulk_savepoint = plan.bulk() && plan.admin.is_empty();
@@ -207,6 +213,108 @@ impl Writer {
         }
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
         Ok(results)
+    }
+
+    /// A batch of one hot operation (the common case under light load) as a whole
+    /// transaction in a single round trip to SQLite, instead of three (BEGIN, the operation,
+    /// COMMIT). `None` when the operation is not eligible or anything was refused: the
+    /// transaction has then been rolled back and the batch runs the general way, which
+    /// sorts out what happened.
+    async fn run_solo(&mut self, op: &OpKind) -> Option<Reply> {
+        let events = match op {
+            OpKind::RecordCall(prepared) => &prepared.events,
+            OpKind::FinishCall(prepared) => &prepared.events,
+            OpKind::AppendEvents(events) if !events.is_empty() => events,
+            _ => return None,
+        };
+        if events.len() > MAX_FAST_EVENTS {
+            return None;
+        }
+        let (links, heads) = self.link(events).await.ok()?;
+        let head_count = heads.len();
+        let result = match op {
+            OpKind::RecordCall(prepared) => {
+                let count_on_run = prepared.count_against_budget || prepared.pending.is_some();
+                let shape = Shape::SoloRecord {
+                    count_on_run,
+                    decision: prepared.decision.is_some(),
+                    pending: prepared.pending.is_some(),
+                    events: prepared.events.len(),
+                    heads: head_count,
+                };
+                let mut query = bind_call(sqlx::query(self.shape(shape)), prepared);
+                if count_on_run {
+                    query = bind_count_on_run(query, prepared);
+                }
+                if let Some(decision) = &prepared.decision {
+                    query = bind_decision(query, decision);
+                }
+                if let Some(pending) = &prepared.pending {
+                    query = bind_pending(query, pending);
+                }
+                for (event, link) in prepared.events.iter().zip(&links) {
+                    query = bind_event(query, event, link);
+                }
+                query = bind_heads(query, &heads);
+                query
+                    .execute(&mut self.conn)
+                    .await
+                    .map(|_| (Reply::Recorded(Box::new(RecordOutcome::Recorded)), true))
+            }
+            OpKind::FinishCall(prepared) => {
+                let shape = Shape::SoloFinish {
+                    events: prepared.events.len(),
+                    heads: head_count,
+                };
+                let mut query = bind_finish(sqlx::query(self.shape(shape)), prepared);
+                for (event, link) in prepared.events.iter().zip(&links) {
+                    query = bind_event(query, event, link);
+                }
+                query = bind_heads(query, &heads);
+                // The UPDATE returns the finished call's row; nothing else returns rows.
+                match query.fetch_all(&mut self.conn).await {
+                    Ok(rows) if rows.len() == 1 => Ok((Reply::Finished(true), true)),
+                    Ok(rows) if rows.is_empty() => Ok((Reply::Finished(false), false)),
+                    Ok(_) => Err(sqlx::Error::Protocol(
+                        "finishing one call changed several rows".into(),
+                    )),
+                    Err(error) => Err(error),
+                }
+            }
+            OpKind::AppendEvents(events) => {
+                let shape = Shape::SoloAppend {
+                    events: events.len(),
+                    heads: head_count,
+                };
+                let mut query = sqlx::query(self.shape(shape));
+                for (event, link) in events.iter().zip(&links) {
+                    query = bind_event(query, event, link);
+                }
+                query = bind_heads(query, &heads);
+                query
+                    .execute(&mut self.conn)
+                    .await
+                    .map(|_| (Reply::Done, true))
+            }
+            _ => return None,
+        };
+        match result {
+            Ok((reply, moved)) => {
+                if moved {
+                    // The heads were written in the same transaction.
+                    for (tenant, head) in heads {
+                        self.heads.insert(tenant, head);
+                    }
+                }
+                Some(reply)
+            }
+            Err(_) => {
+                // Where it failed is unknown (a constraint, or BEGIN/COMMIT themselves), so the
+                // whole transaction goes and the general path runs the operation again.
+                self.abandon().await;
+                None
+            }
+        }
     }
 
     /// Runs the batch's operations inside its open transaction: administrative ones first, then
@@ -656,4 +764,15 @@ fn copy_error(error: &LedgerError) -> LedgerError {
         LedgerError::Database(what) => LedgerError::Database(what.clone()),
         LedgerError::Closed => LedgerError::Closed,
     }
+}
+
+/// Binds the chain heads of a solo transaction, in the order its upserts expect.
+fn bind_heads(mut query: SqlQuery, heads: &HashMap<String, Head>) -> SqlQuery {
+    for (tenant, head) in heads {
+        query = query
+            .bind(tenant.clone())
+            .bind(head.chain_seq)
+            .bind(head.hash.clone());
+    }
+    query
 }
