@@ -120,6 +120,10 @@ CREATE UNIQUE INDEX tool_calls_run_tool_use_id
 -- A run's calls in insertion order (the index implicitly ends with seq).
 CREATE INDEX tool_calls_run ON tool_calls (run);
 
+-- Calls still `running`: at start-up these are the calls a crash interrupted. Partial, so it
+-- holds only the handful in flight.
+CREATE INDEX tool_calls_running ON tool_calls (seq) WHERE status = 'running';
+
 CREATE TABLE policy_decisions (
     id             TEXT    NOT NULL PRIMARY KEY,
     tenant         TEXT    NOT NULL,

@@ -538,3 +538,76 @@ async fn health_service_reports_serving() {
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
 }
+
+#[tokio::test]
+async fn a_call_interrupted_by_a_crash_is_outcome_unknown_after_restart() {
+    let gateway = Gateway::start();
+    let token = gateway.tenant("acme", "support", TOOLS).await;
+    let run = open_run(&gateway, &token, "support").await;
+    let mut agent = gateway.agent().await;
+    let mut request = execute(&run, "testkit.sleep", r#"{"ms": 600000}"#);
+    request.timeout_ms = 600_000;
+    request.tool_use_id = "toolu_crash".into();
+    let token_for_call = token.clone();
+    let in_flight =
+        tokio::spawn(async move { agent.execute_tool(authed(request, &token_for_call)).await });
+    // Wait until the call's `running` row is committed, then kill the process outright.
+    let mut agent = gateway.agent().await;
+    let mut call_id = String::new();
+    for _ in 0..200 {
+        let calls = agent
+            .list_tool_calls(authed(
+                pb::ListToolCallsRequest {
+                    run_id: run.clone(),
+                    page_token: String::new(),
+                    page_size: 0,
+                },
+                &token,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .tool_calls;
+        if let Some(call) = calls.first() {
+            assert_eq!(call.status(), pb::ToolCallStatus::Running);
+            call_id = call.tool_call_id.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!call_id.is_empty(), "the call was recorded as running");
+    let dir = gateway.dir.clone();
+    let temp = gateway.stop();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the caller saw the connection drop"
+    );
+
+    let restarted = Gateway::start_in(&dir, &[]);
+    let mut agent = restarted.agent().await;
+    let recorded = agent
+        .get_tool_call(authed(
+            pb::GetToolCallRequest {
+                tool_call_id: call_id.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(recorded.status(), pb::ToolCallStatus::OutcomeUnknown);
+    assert_eq!(recorded.error_code, "OUTCOME_UNKNOWN");
+    // The runtime's retry of the same tool_use_id gets the recorded outcome, not a second run.
+    let mut retry = execute(&run, "testkit.sleep", r#"{"ms": 600000}"#);
+    retry.tool_use_id = "toolu_crash".into();
+    let replay = agent
+        .execute_tool(authed(retry, &token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(replay.replayed);
+    assert_eq!(replay.tool_call_id, call_id);
+    assert_eq!(replay.status(), pb::ToolCallStatus::OutcomeUnknown);
+    drop(restarted);
+    drop(temp);
+}

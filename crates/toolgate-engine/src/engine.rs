@@ -377,6 +377,54 @@ impl Engine {
         Ok(state)
     }
 
+    // --- recovery --------------------------------------------------------------------------
+
+    /// Settles the calls a crash interrupted: every call still `running` when the gateway
+    /// starts becomes `outcome_unknown` (audited), because the vendor may or may not have
+    /// acted. Nothing is executed again automatically. Call once at start-up, before serving.
+    pub async fn recover_interrupted_calls(&self) -> Result<u64, EngineError> {
+        const PAGE: u32 = 500;
+        let mut settled = 0;
+        loop {
+            let running = self.store.list_running_calls(PAGE).await?;
+            if running.is_empty() {
+                return Ok(settled);
+            }
+            let mut progressed = false;
+            for call in running {
+                let error = ToolError::new(
+                    ErrorCode::OutcomeUnknown,
+                    "the gateway stopped while this call was running: the vendor may or may not have acted, so check before retrying",
+                );
+                let event = self.event(
+                    &call,
+                    "tool_call.outcome_unknown",
+                    json!({"tool": call.tool, "reason": "gateway_restarted"}),
+                );
+                let finish = FinishCall {
+                    tenant: call.tenant.clone(),
+                    id: call.id.clone(),
+                    status: ToolCallStatus::OutcomeUnknown,
+                    output_redacted: None,
+                    error_code: Some(error.code),
+                    error_text: Some(error.message),
+                    duration_ms: 0,
+                    attempts: call.attempts,
+                    at: self.clock.now(),
+                    events: vec![event],
+                };
+                if self.store.finish_call(finish).await? {
+                    settled += 1;
+                    progressed = true;
+                    warn!(tool_call_id = %call.id, tool = %call.tool, "interrupted call marked outcome_unknown");
+                }
+            }
+            if !progressed {
+                return Ok(settled);
+            }
+        }
+    }
+
     // --- calls -----------------------------------------------------------------------------
 
     /// One recorded call of `tenant`.

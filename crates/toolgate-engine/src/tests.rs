@@ -756,3 +756,67 @@ fn argument_hashes_ignore_key_order() {
     assert_eq!(crate::engine::hash_json(&a), crate::engine::hash_json(&b));
     assert_ne!(crate::engine::hash_json(&a), crate::engine::hash_json(&c));
 }
+
+#[tokio::test]
+async fn calls_interrupted_by_a_crash_become_outcome_unknown_and_never_rerun() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let done = h.call(&run, "testkit.noop", "{}").await;
+    // A call that was running when the process died: its row says `running`.
+    let engine = Arc::new(h);
+    let in_flight = {
+        let engine = Arc::clone(&engine);
+        let run = run.clone();
+        tokio::spawn(async move {
+            let mut request = engine.request(&run, "testkit.sleep", r#"{"ms": 60000}"#);
+            request.timeout = Some(Duration::from_secs(60));
+            engine.engine.execute(request).await
+        })
+    };
+    let mut running = Vec::new();
+    for _ in 0..100 {
+        running = engine.store.list_running_calls(10).await.unwrap();
+        if !running.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(running.len(), 1, "the sleeping call is running");
+    in_flight.abort();
+
+    let settled = engine.engine.recover_interrupted_calls().await.unwrap();
+    assert_eq!(settled, 1);
+    let row = engine
+        .store
+        .get_tool_call(&engine.tenant, &running[0].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, ToolCallStatus::OutcomeUnknown);
+    assert_eq!(row.error_code, Some(ErrorCode::OutcomeUnknown));
+    assert_eq!(
+        engine.ledger_row(&done).await.status,
+        ToolCallStatus::Succeeded,
+        "finished calls untouched"
+    );
+    assert!(
+        engine
+            .event_kinds()
+            .await
+            .contains(&"tool_call.outcome_unknown".to_owned())
+    );
+    assert_eq!(
+        engine.engine.recover_interrupted_calls().await.unwrap(),
+        0,
+        "idempotent"
+    );
+    assert!(
+        engine
+            .store
+            .verify_chains()
+            .await
+            .unwrap()
+            .first_problem
+            .is_none()
+    );
+}

@@ -416,6 +416,19 @@ impl Store for SqliteStore {
         row.as_ref().map(call_from_row).transpose()
     }
 
+    async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            call_columns!(),
+            " FROM tool_calls WHERE status = 'running' ORDER BY seq LIMIT ?"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(call_from_row).collect()
+    }
+
     async fn find_tool_call_by_use_id(
         &self,
         tenant: &TenantId,

@@ -120,6 +120,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<Vec<ToolCallRecord>, LedgerError>;
 
+    /// Calls of every tenant still `running`, oldest first: after a crash, the calls it
+    /// interrupted (only one process may own a store, so none of them is still in flight).
+    async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError>;
+
     // --- audit -------------------------------------------------------------------------
 
     /// Appends audit events outside a call (e.g. rejected requests, admin changes).

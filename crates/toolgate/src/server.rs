@@ -12,7 +12,7 @@ use toolgate_engine::{Catalog, Engine};
 use toolgate_ledger::{Role, SqliteStore, Store};
 use toolgate_proto::v1::admin_service_server::AdminServiceServer;
 use toolgate_proto::v1::agent_service_server::AgentServiceServer;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::auth::{Authenticator, issue_token};
 use crate::config::Config;
@@ -73,12 +73,21 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the ledger at {}", config.database.display()))?;
     let store: Arc<dyn Store> = Arc::new(store);
     bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
-    let engine = Arc::new(Engine::new(
+    let engine = Engine::new(
         Arc::clone(&store),
         catalog,
         Arc::clone(&clock),
         config.engine.clone(),
-    )?);
+    )?;
+    // Before serving: calls a crash interrupted are settled as outcome_unknown, never rerun.
+    let interrupted = engine.recover_interrupted_calls().await?;
+    if interrupted > 0 {
+        warn!(
+            calls = interrupted,
+            "calls interrupted by the last shutdown are now outcome_unknown"
+        );
+    }
+    let engine = Arc::new(engine);
 
     let listener = TcpListener::bind(config.listen)
         .await
