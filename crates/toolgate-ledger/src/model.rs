@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 use toolgate_core::{
-    AgentId, CorrelationId, Decision, ErrorCode, RiskLevel, RunId, TenantId, Timestamp, ToolCallId,
-    ToolCallStatus, ToolName, ToolUseId,
+    AgentId, CorrelationId, Decision, ErrorCode, RiskLevel, RunId, SecretName, TenantId, Timestamp,
+    ToolCallId, ToolCallStatus, ToolName, ToolUseId,
 };
 
 /// A tenant (organisation).
@@ -480,4 +480,58 @@ impl ChainProblemKind {
             ChainProblemKind::Reordered => "reordered",
         }
     }
+}
+
+/// How a stored credential holds its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// `value` is a ciphertext sealed under the master key `key_id`.
+    Sealed,
+    /// `value` is a reference (`env:NAME`, `file:/path`) read at use.
+    Reference,
+}
+
+impl CredentialKind {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::Sealed => "sealed",
+            CredentialKind::Reference => "reference",
+        }
+    }
+
+    /// Parses a stable name.
+    pub fn parse(s: &str) -> Option<CredentialKind> {
+        match s {
+            "sealed" => Some(CredentialKind::Sealed),
+            "reference" => Some(CredentialKind::Reference),
+            _ => None,
+        }
+    }
+}
+
+/// A tenant's credential as stored. The ledger never sees plaintext: `value` is a ciphertext
+/// or a reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CredentialRecord {
+    /// The owning tenant.
+    pub tenant: TenantId,
+    /// The secret's name, e.g. `slack_default`.
+    pub name: SecretName,
+    /// Sealed or reference.
+    pub kind: CredentialKind,
+    /// The ciphertext or the reference text.
+    pub value: String,
+    /// The master key of a sealed credential.
+    pub key_id: Option<String>,
+    /// Descriptive JSON (never secret material).
+    pub metadata: Value,
+    /// Free text.
+    pub notes: String,
+    /// Who stored it (token id).
+    pub created_by: String,
+    /// First stored.
+    pub created_at: Timestamp,
+    /// Last changed.
+    pub updated_at: Timestamp,
 }

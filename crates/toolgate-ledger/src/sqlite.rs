@@ -32,12 +32,15 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use tokio::sync::{mpsc, oneshot};
-use toolgate_core::{AgentId, RunId, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId};
+use toolgate_core::{
+    AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
+};
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, AuditEvent, FinishCall, NewAuditEvent, NewCall, Permission, PolicySetRecord,
-    RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    Agent, AuditEvent, CredentialKind, CredentialRecord, FinishCall, NewAuditEvent, NewCall,
+    Permission, PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    VerifyReport,
 };
 use crate::sqlite::ops::{
     Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp,
@@ -49,6 +52,13 @@ use crate::sqlite::rows::{
 };
 use crate::sqlite::writer::{Counters, Writer};
 use crate::store::Store;
+
+/// The columns [`credential_from_row`] reads, in order.
+macro_rules! credential_columns {
+    () => {
+        "tenant, name, kind, value, key_id, metadata, notes, created_by, created_at, updated_at"
+    };
+}
 
 /// The schema, embedded at compile time.
 static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
@@ -416,6 +426,113 @@ impl Store for SqliteStore {
         row.as_ref().map(call_from_row).transpose()
     }
 
+    async fn put_credential(&self, credential: CredentialRecord) -> Result<(), LedgerError> {
+        self.submit(OpKind::PutCredential(Box::new(credential)))
+            .await?
+            .done()
+    }
+
+    async fn get_credential(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+    ) -> Result<Option<CredentialRecord>, LedgerError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            credential_columns!(),
+            " FROM tenant_tool_secrets WHERE tenant = ? AND name = ?"
+        ))
+        .bind(tenant.as_str())
+        .bind(name.as_str())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(credential_from_row).transpose()
+    }
+
+    async fn list_credentials(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Vec<CredentialRecord>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            credential_columns!(),
+            " FROM tenant_tool_secrets WHERE tenant = ? ORDER BY name"
+        ))
+        .bind(tenant.as_str())
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(credential_from_row).collect()
+    }
+
+    async fn delete_credential(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+    ) -> Result<(), LedgerError> {
+        self.submit(OpKind::DeleteCredential {
+            tenant: tenant.clone(),
+            name: name.clone(),
+        })
+        .await?
+        .done()
+    }
+
+    async fn list_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<CredentialRecord>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            credential_columns!(),
+            " FROM tenant_tool_secrets WHERE key_id IS NOT NULL AND key_id <> ? \
+              ORDER BY tenant, name LIMIT ?"
+        ))
+        .bind(key_id.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(credential_from_row).collect()
+    }
+
+    async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT key_id, COUNT(*) FROM tenant_tool_secrets WHERE key_id IS NOT NULL \
+             GROUP BY key_id ORDER BY key_id",
+        )
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, count)| (key, u64::try_from(count).unwrap_or(0)))
+            .collect())
+    }
+
+    async fn replace_sealed(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+        expected: &str,
+        value: &str,
+        key_id: &str,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        self.submit(OpKind::ReplaceSealed {
+            tenant: tenant.clone(),
+            name: name.clone(),
+            expected: expected.to_owned(),
+            value: value.to_owned(),
+            key_id: key_id.to_owned(),
+            at,
+        })
+        .await?
+        .finished()
+    }
+
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {
         let rows = sqlx::query(concat!(
             "SELECT ",
@@ -523,4 +640,41 @@ impl Store for SqliteStore {
             })
             .collect()
     }
+}
+
+fn credential_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<CredentialRecord, LedgerError> {
+    use sqlx::Row as _;
+    let get_text = |column: &str| -> Result<String, LedgerError> {
+        row.try_get::<String, _>(column)
+            .map_err(|e| LedgerError::Corrupt(format!("tenant_tool_secrets.{column}: {e}")))
+    };
+    let corrupt = |what: String| LedgerError::Corrupt(format!("tenant_tool_secrets: {what}"));
+    let tenant = TenantId::new(get_text("tenant")?).map_err(|e| corrupt(e.to_string()))?;
+    let name = SecretName::new(get_text("name")?).map_err(|e| corrupt(e.to_string()))?;
+    let kind_text = get_text("kind")?;
+    let kind =
+        CredentialKind::parse(&kind_text).ok_or_else(|| corrupt(format!("kind `{kind_text}`")))?;
+    let key_id: Option<String> = row
+        .try_get("key_id")
+        .map_err(|e| corrupt(format!("key_id: {e}")))?;
+    let metadata = serde_json::from_str(&get_text("metadata")?)
+        .map_err(|e| corrupt(format!("metadata: {e}")))?;
+    let created_at: i64 = row
+        .try_get("created_at")
+        .map_err(|e| corrupt(format!("created_at: {e}")))?;
+    let updated_at: i64 = row
+        .try_get("updated_at")
+        .map_err(|e| corrupt(format!("updated_at: {e}")))?;
+    Ok(CredentialRecord {
+        tenant,
+        name,
+        kind,
+        value: get_text("value")?,
+        key_id,
+        metadata,
+        notes: get_text("notes")?,
+        created_by: get_text("created_by")?,
+        created_at: Timestamp(created_at),
+        updated_at: Timestamp(updated_at),
+    })
 }

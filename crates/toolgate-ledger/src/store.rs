@@ -1,12 +1,14 @@
 //! The store interface the engine and gateway use. Each backend (SQLite today) implements it;
 //! nothing above this crate sees SQL.
 
-use toolgate_core::{AgentId, RunId, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId};
+use toolgate_core::{
+    AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
+};
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, AuditEvent, FinishCall, NewAuditEvent, NewCall, Permission, PolicySetRecord,
-    RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    Agent, AuditEvent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, Permission,
+    PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
 };
 
 /// Durable state of the gateway. Every write is committed (fsync'd) before the call returns;
@@ -123,6 +125,48 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Calls of every tenant still `running`, oldest first: after a crash, the calls it
     /// interrupted (only one process may own a store, so none of them is still in flight).
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError>;
+
+    // --- credentials -------------------------------------------------------------------
+
+    /// Creates or replaces a tenant's credential (keeping its `created_at`). `NotFound` when
+    /// the tenant does not exist.
+    async fn put_credential(&self, credential: CredentialRecord) -> Result<(), LedgerError>;
+    /// One credential of a tenant.
+    async fn get_credential(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+    ) -> Result<Option<CredentialRecord>, LedgerError>;
+    /// A tenant's credentials, by name (callers must not show their values).
+    async fn list_credentials(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Vec<CredentialRecord>, LedgerError>;
+    /// Deletes a credential. `NotFound` when there is none.
+    async fn delete_credential(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+    ) -> Result<(), LedgerError>;
+    /// Sealed credentials of every tenant whose key is not `key_id`, at most `limit`.
+    async fn list_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<CredentialRecord>, LedgerError>;
+    /// How many sealed credentials each master key protects.
+    async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError>;
+    /// Replaces a sealed value only if it is still `expected` (a concurrent update wins).
+    /// Returns whether it was replaced.
+    async fn replace_sealed(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+        expected: &str,
+        value: &str,
+        key_id: &str,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError>;
 
     // --- audit -------------------------------------------------------------------------
 

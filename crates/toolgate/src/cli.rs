@@ -615,3 +615,161 @@ pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+/// `toolgate secrets` subcommands. Values are read from standard input or a file, never from
+/// the command line (it shows in process listings and shell history).
+#[derive(Debug, Subcommand)]
+pub(crate) enum SecretsCommand {
+    /// Seals and stores a credential; the value comes from --file or standard input.
+    Put {
+        tenant: String,
+        name: String,
+        /// Read the value from this file instead of standard input.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// A JSON object describing the credential.
+        #[arg(long, default_value = "")]
+        metadata: String,
+        #[arg(long, default_value = "")]
+        notes: String,
+    },
+    /// Stores a reference read at use: `env:NAME` or `file:/absolute/path`.
+    Ref {
+        tenant: String,
+        name: String,
+        reference: String,
+        #[arg(long, default_value = "")]
+        metadata: String,
+        #[arg(long, default_value = "")]
+        notes: String,
+    },
+    /// Lists a tenant's credentials (never their values).
+    List { tenant: String },
+    /// Deletes a credential.
+    Delete { tenant: String, name: String },
+    /// Adds a new master key and makes it the one that seals.
+    RotateKey,
+    /// Re-seals every credential under the active master key.
+    Rewrap,
+    /// Removes an old master key (refused while a credential needs it).
+    RetireKey { key_id: String },
+}
+
+/// Runs a secrets subcommand.
+pub(crate) async fn secrets(conn: Connection, command: SecretsCommand) -> anyhow::Result<ExitCode> {
+    let (channel, header) = conn.channel().await?;
+    let mut client = AdminServiceClient::new(channel);
+    let h = &header;
+    let info = |s: pb::SecretInfo| {
+        json!({
+            "tenant_id": s.tenant_id, "name": s.name, "kind": s.kind, "key_id": s.key_id,
+            "reference": s.reference, "notes": s.notes, "created_by": s.created_by,
+            "metadata": serde_json::from_str::<Value>(&s.metadata_json).unwrap_or(Value::Null),
+        })
+    };
+    let value = match command {
+        SecretsCommand::Put {
+            tenant,
+            name,
+            file,
+            metadata,
+            notes,
+        } => {
+            let value = read_secret_value(file.as_deref())?;
+            let request = pb::PutSecretRequest {
+                tenant_id: tenant,
+                name,
+                value,
+                metadata_json: metadata,
+                notes,
+            };
+            info(client.put_secret(authed(request, h)).await?.into_inner())
+        }
+        SecretsCommand::Ref {
+            tenant,
+            name,
+            reference,
+            metadata,
+            notes,
+        } => {
+            let request = pb::PutSecretReferenceRequest {
+                tenant_id: tenant,
+                name,
+                reference,
+                metadata_json: metadata,
+                notes,
+            };
+            info(
+                client
+                    .put_secret_reference(authed(request, h))
+                    .await?
+                    .into_inner(),
+            )
+        }
+        SecretsCommand::List { tenant } => {
+            let r = client
+                .list_secrets(authed(pb::ListSecretsRequest { tenant_id: tenant }, h))
+                .await?
+                .into_inner();
+            json!(r.secrets.into_iter().map(info).collect::<Vec<_>>())
+        }
+        SecretsCommand::Delete { tenant, name } => {
+            client
+                .delete_secret(authed(
+                    pb::DeleteSecretRequest {
+                        tenant_id: tenant,
+                        name: name.clone(),
+                    },
+                    h,
+                ))
+                .await?;
+            json!({"deleted": name})
+        }
+        SecretsCommand::RotateKey => {
+            let r = client
+                .rotate_key(authed(pb::RotateKeyRequest {}, h))
+                .await?
+                .into_inner();
+            json!({"active_key_id": r.active_key_id, "key_ids": r.key_ids, "next": "run `toolgate secrets rewrap`, then retire the old key"})
+        }
+        SecretsCommand::Rewrap => {
+            let r = client
+                .rewrap_secrets(authed(pb::RewrapSecretsRequest {}, h))
+                .await?
+                .into_inner();
+            json!({"rewrapped": r.rewrapped, "skipped": r.skipped, "active_key_id": r.active_key_id})
+        }
+        SecretsCommand::RetireKey { key_id } => {
+            let r = client
+                .retire_key(authed(pb::RetireKeyRequest { key_id }, h))
+                .await?
+                .into_inner();
+            json!({"active_key_id": r.active_key_id, "key_ids": r.key_ids})
+        }
+    };
+    print_json(&value);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A secret value from a file or standard input, without one trailing newline.
+fn read_secret_value(file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut value = String::new();
+    match file {
+        Some(path) => {
+            value = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+        }
+        None => {
+            std::io::stdin()
+                .read_to_string(&mut value)
+                .context("cannot read the value from standard input")?;
+        }
+    }
+    let trimmed = value.strip_suffix('\n').unwrap_or(&value);
+    let trimmed = trimmed.strip_suffix('\r').unwrap_or(trimmed);
+    if trimmed.is_empty() {
+        bail!("the secret value is empty: pipe it on standard input or pass --file");
+    }
+    Ok(trimmed.to_owned())
+}

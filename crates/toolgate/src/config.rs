@@ -23,6 +23,11 @@ pub(crate) struct Config {
     pub(crate) admin_token_file: PathBuf,
     /// Connector families not to register.
     pub(crate) disabled_connectors: Vec<String>,
+    /// Where the master keys are kept (created on first start).
+    pub(crate) key_file: PathBuf,
+    /// Master keys given inline (`TOOLGATE_MASTER_KEYS`: `id=base64,id=base64`, last active);
+    /// when set, the key file is not used and keys cannot be rotated online.
+    pub(crate) master_keys: Option<String>,
     /// Engine settings.
     pub(crate) engine: EngineConfig,
 }
@@ -40,6 +45,14 @@ struct RawConfig {
     engine: RawEngine,
     #[serde(default)]
     connectors: RawConnectors,
+    #[serde(default)]
+    secrets: RawSecrets,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecrets {
+    key_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -85,6 +98,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_DEFAULT_MAX_CALLS", "engine.default_max_calls"),
     ("TOOLGATE_MAX_ARGUMENT_BYTES", "engine.max_argument_bytes"),
     ("TOOLGATE_DISABLED_CONNECTORS", "connectors.disabled"),
+    ("TOOLGATE_KEY_FILE", "secrets.key_file"),
 ];
 
 /// Variables that are ours but are not config overrides.
@@ -143,6 +157,7 @@ impl Config {
                 "server.listen" => raw.server.listen = Some(value.clone()),
                 "storage.database" => raw.storage.database = Some(value.clone()),
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
+                "secrets.key_file" => raw.secrets.key_file = Some(value.clone()),
                 "engine.max_timeout_ms" => raw.engine.max_timeout_ms = Some(number(value)?),
                 "engine.default_max_calls" => {
                     raw.engine.default_max_calls = Some(
@@ -244,6 +259,12 @@ impl Config {
                     .unwrap_or_else(|| "toolgate-admin.token".to_owned()),
             ),
             disabled_connectors: raw.connectors.disabled.unwrap_or_default(),
+            key_file: PathBuf::from(
+                raw.secrets
+                    .key_file
+                    .unwrap_or_else(|| "toolgate-keys".to_owned()),
+            ),
+            master_keys: env.get("TOOLGATE_MASTER_KEYS").cloned(),
             engine,
         })
     }

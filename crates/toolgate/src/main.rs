@@ -4,6 +4,7 @@ mod auth;
 mod cli;
 mod config;
 mod convert;
+mod keys;
 mod server;
 mod services;
 
@@ -41,6 +42,13 @@ enum Command {
         conn: cli::Connection,
         #[command(subcommand)]
         command: cli::AdminCommand,
+    },
+    /// Tenant credentials and master keys on a running gateway (needs an admin token).
+    Secrets {
+        #[command(flatten)]
+        conn: cli::Connection,
+        #[command(subcommand)]
+        command: cli::SecretsCommand,
     },
     /// Opens a run and executes one tool, printing the outcome as JSON (needs an agent token).
     Call(cli::CallArgs),
@@ -100,6 +108,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Admin { conn, command } => cli::admin(conn, command).await,
+        Command::Secrets { conn, command } => cli::secrets(conn, command).await,
         Command::Call(args) => cli::call(args).await,
         Command::Tools { json } => cli::tools(json),
         Command::Ledger { command } => cli::ledger(command).await,

@@ -7,15 +7,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tokio::net::TcpListener;
-use toolgate_core::{Clock, Connector, SystemClock, ToolRegistry};
+use toolgate_core::{Clock, Connector, SecretSource, SystemClock, ToolRegistry};
 use toolgate_engine::{Catalog, Engine};
 use toolgate_ledger::{Role, SqliteStore, Store};
 use toolgate_proto::v1::admin_service_server::AdminServiceServer;
 use toolgate_proto::v1::agent_service_server::AgentServiceServer;
+use toolgate_secrets::{ProcessEnvironment, Vault};
 use tracing::{info, warn};
 
 use crate::auth::{Authenticator, issue_token};
 use crate::config::Config;
+use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
 
 /// How long a verified token is trusted before it is looked up again.
@@ -73,12 +75,33 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the ledger at {}", config.database.display()))?;
     let store: Arc<dyn Store> = Arc::new(store);
     bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
+    let (ring, created) = keys::load_key_ring(&config.key_file, config.master_keys.as_deref())?;
+    if created {
+        announce(&format!(
+            "created a master key in {} (readable only by you); back it up: credentials sealed with it are lost without it",
+            config.key_file.display()
+        ));
+    }
+    keys::check_keys_present(&store, &ring).await?;
+    let vault = Arc::new(Vault::new(
+        Arc::new(keys::LedgerCredentials(Arc::clone(&store))),
+        ring,
+        Arc::new(ProcessEnvironment),
+    ));
     let engine = Engine::new(
         Arc::clone(&store),
         catalog,
         Arc::clone(&clock),
         config.engine.clone(),
-    )?;
+    )?
+    .with_secrets(Arc::clone(&vault) as Arc<dyn SecretSource>);
+    let key_manager = Arc::new(keys::KeyManager::new(
+        &config.key_file,
+        config.master_keys.is_some(),
+        vault,
+        Arc::clone(&store),
+        Arc::clone(&clock),
+    ));
     // Before serving: calls a crash interrupted are settled as outcome_unknown, never rerun.
     let interrupted = engine.recover_interrupted_calls().await?;
     if interrupted > 0 {
@@ -101,6 +124,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         engine,
         auth: Arc::new(Authenticator::new(Arc::clone(&store), TOKEN_CACHE_TTL)),
         clock,
+        keys: key_manager,
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -160,7 +184,7 @@ async fn bootstrap_admin_token(
     Ok(())
 }
 
-fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
+pub(crate) fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = std::fs::OpenOptions::new()
         .write(true)

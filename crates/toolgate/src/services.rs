@@ -5,15 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::{Request, Response, Status};
-use toolgate_core::{AgentId, Clock, RunId, TenantId, ToolCallId, ToolName};
+use toolgate_core::{AgentId, Clock, RunId, SecretName, TenantId, ToolCallId, ToolName};
 use toolgate_engine::{CreateRun, Engine, ExecuteRequest};
-use toolgate_ledger::{Agent, Permission, Role, Tenant};
+use toolgate_ledger::{Agent, CredentialKind, CredentialRecord, Permission, Role, Tenant};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_server::AdminService;
 use toolgate_proto::v1::agent_service_server::AgentService;
 
 use crate::auth::{Authenticator, Caller, issue_token};
 use crate::convert::{self, ledger_status, parse_id, status};
+use crate::keys::KeyManager;
 
 /// State shared by both services.
 #[derive(Debug, Clone)]
@@ -21,6 +22,7 @@ pub(crate) struct Shared {
     pub(crate) engine: Arc<Engine>,
     pub(crate) auth: Arc<Authenticator>,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) keys: Arc<KeyManager>,
 }
 
 /// The agent-facing service.
@@ -609,6 +611,202 @@ impl AdminService for AdminApi {
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(verify_response(&report)))
+    }
+
+    async fn put_secret(
+        &self,
+        request: Request<pb::PutSecretRequest>,
+    ) -> Result<Response<pb::SecretInfo>, Status> {
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        if body.value.is_empty() {
+            return Err(Status::invalid_argument("value: must not be empty"));
+        }
+        let record = self.credential(
+            &caller,
+            &body.tenant_id,
+            &body.name,
+            &body.metadata_json,
+            body.notes,
+        )?;
+        let stored = self
+            .0
+            .keys
+            .put_sealed(record, &body.value)
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(secret_info(&stored)))
+    }
+
+    async fn put_secret_reference(
+        &self,
+        request: Request<pb::PutSecretReferenceRequest>,
+    ) -> Result<Response<pb::SecretInfo>, Status> {
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let reference = toolgate_secrets::Reference::parse(&body.reference)
+            .map_err(|e| Status::invalid_argument(format!("reference: {e}")))?;
+        let mut record = self.credential(
+            &caller,
+            &body.tenant_id,
+            &body.name,
+            &body.metadata_json,
+            body.notes,
+        )?;
+        record.kind = CredentialKind::Reference;
+        record.value = reference.to_string();
+        record.key_id = None;
+        self.0
+            .keys
+            .put_reference(record.clone())
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(secret_info(&record)))
+    }
+
+    async fn list_secrets(
+        &self,
+        request: Request<pb::ListSecretsRequest>,
+    ) -> Result<Response<pb::ListSecretsResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let tenant = tenant_id(&request.get_ref().tenant_id)?;
+        let records = self
+            .0
+            .engine
+            .store()
+            .list_credentials(&tenant)
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::ListSecretsResponse {
+            secrets: records.iter().map(secret_info).collect(),
+        }))
+    }
+
+    async fn delete_secret(
+        &self,
+        request: Request<pb::DeleteSecretRequest>,
+    ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let body = request.into_inner();
+        let tenant = tenant_id(&body.tenant_id)?;
+        let name = parse_id("name", &body.name, SecretName::new)?;
+        self.0
+            .keys
+            .delete(&tenant, &name)
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::DeleteSecretResponse {}))
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<pb::RotateKeyRequest>,
+    ) -> Result<Response<pb::KeyRingInfo>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let ring = self
+            .0
+            .keys
+            .rotate()
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        Ok(Response::new(key_ring_info(&ring)))
+    }
+
+    async fn rewrap_secrets(
+        &self,
+        request: Request<pb::RewrapSecretsRequest>,
+    ) -> Result<Response<pb::RewrapSecretsResponse>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let (rewrapped, skipped) = self
+            .0
+            .keys
+            .rewrap()
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        Ok(Response::new(pb::RewrapSecretsResponse {
+            rewrapped,
+            skipped,
+            active_key_id: self.0.keys.vault().key_ring().active().to_string(),
+        }))
+    }
+
+    async fn retire_key(
+        &self,
+        request: Request<pb::RetireKeyRequest>,
+    ) -> Result<Response<pb::KeyRingInfo>, Status> {
+        self.0.auth.require(&request, Role::Admin).await?;
+        let id = request.into_inner().key_id;
+        let ring = self
+            .0
+            .keys
+            .retire(&id)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        Ok(Response::new(key_ring_info(&ring)))
+    }
+}
+
+impl AdminApi {
+    /// A credential record from request fields (value and kind filled in by the caller).
+    fn credential(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        name: &str,
+        metadata_json: &str,
+        notes: String,
+    ) -> Result<CredentialRecord, Status> {
+        let metadata = if metadata_json.trim().is_empty() {
+            serde_json::json!({})
+        } else {
+            let value: serde_json::Value = serde_json::from_str(metadata_json).map_err(|e| {
+                Status::invalid_argument(format!("metadata_json: not valid JSON: {e}"))
+            })?;
+            if !value.is_object() {
+                return Err(Status::invalid_argument(
+                    "metadata_json: must be a JSON object",
+                ));
+            }
+            self.0.engine.redactor().redact_json(&value)
+        };
+        let now = self.0.clock.now();
+        Ok(CredentialRecord {
+            tenant: tenant_id(tenant)?,
+            name: parse_id("name", name, SecretName::new)?,
+            kind: CredentialKind::Sealed,
+            value: String::new(),
+            key_id: None,
+            metadata,
+            notes,
+            created_by: caller.token_id.clone(),
+            created_at: now,
+            updated_at: now,
+        })
+    }
+}
+
+fn secret_info(record: &CredentialRecord) -> pb::SecretInfo {
+    pb::SecretInfo {
+        tenant_id: record.tenant.to_string(),
+        name: record.name.to_string(),
+        kind: record.kind.as_str().to_owned(),
+        key_id: record.key_id.clone().unwrap_or_default(),
+        reference: match record.kind {
+            CredentialKind::Reference => record.value.clone(),
+            CredentialKind::Sealed => String::new(),
+        },
+        metadata_json: record.metadata.to_string(),
+        notes: record.notes.clone(),
+        created_by: record.created_by.clone(),
+        created_at_ms: record.created_at.0,
+        updated_at_ms: record.updated_at.0,
+    }
+}
+
+fn key_ring_info(ring: &toolgate_secrets::KeyRing) -> pb::KeyRingInfo {
+    pb::KeyRingInfo {
+        active_key_id: ring.active().to_string(),
+        key_ids: ring.key_ids().map(ToString::to_string).collect(),
     }
 }
 

@@ -2,12 +2,12 @@
 //! writer needs before queueing, so the writer spends its time on SQL, not on serialization.
 
 use tokio::sync::oneshot;
-use toolgate_core::{TenantId, Timestamp};
+use toolgate_core::{SecretName, TenantId, Timestamp};
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, FinishCall, NewAuditEvent, NewCall, PendingInvocation, Permission, PolicyDecisionRecord,
-    RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    Agent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, PendingInvocation, Permission,
+    PolicyDecisionRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
 };
 use crate::sqlite::rows::manifest_json;
 
@@ -55,6 +55,19 @@ pub(super) enum OpKind {
     RecordCall(Box<PreparedCall>),
     FinishCall(Box<PreparedFinish>),
     AppendEvents(Vec<PreparedEvent>),
+    PutCredential(Box<CredentialRecord>),
+    DeleteCredential {
+        tenant: TenantId,
+        name: SecretName,
+    },
+    ReplaceSealed {
+        tenant: TenantId,
+        name: SecretName,
+        expected: String,
+        value: String,
+        key_id: String,
+        at: Timestamp,
+    },
 }
 
 /// A successful write's answer.

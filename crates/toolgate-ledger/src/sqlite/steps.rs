@@ -17,7 +17,8 @@ use toolgate_core::{ErrorCode, ToolCallStatus};
 use crate::chain::event_hash;
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, Permission, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    Agent, CredentialRecord, Permission, RecordOutcome, RunRecord, Tenant, TokenRecord,
+    ToolCallRecord,
 };
 use crate::sqlite::ops::{OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply};
 use crate::sqlite::rows::{
@@ -111,7 +112,82 @@ impl Steps<'_> {
                 }
                 Ok(Reply::Done)
             }
+            OpKind::PutCredential(credential) => self.put_credential(credential).await,
+            OpKind::DeleteCredential { tenant, name } => {
+                let delete =
+                    sqlx::query("DELETE FROM tenant_tool_secrets WHERE tenant = ? AND name = ?")
+                        .bind(tenant.as_str().to_owned())
+                        .bind(name.as_str().to_owned());
+                let changed = self.write(delete).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("secret {name} of tenant {tenant}"),
+                        || LedgerError::Database("unexpected foreign key failure".into()),
+                    )
+                })?;
+                if changed == 0 {
+                    return Err(Fail::Op(LedgerError::NotFound(format!(
+                        "secret {name} of tenant {tenant}"
+                    ))));
+                }
+                Ok(Reply::Done)
+            }
+            OpKind::ReplaceSealed {
+                tenant,
+                name,
+                expected,
+                value,
+                key_id,
+                at,
+            } => {
+                let update = sqlx::query(
+                    "UPDATE tenant_tool_secrets SET value = ?, key_id = ?, updated_at = ? \
+                     WHERE tenant = ? AND name = ? AND kind = 'sealed' AND value = ?",
+                )
+                .bind(value.clone())
+                .bind(key_id.clone())
+                .bind(at.0)
+                .bind(tenant.as_str().to_owned())
+                .bind(name.as_str().to_owned())
+                .bind(expected.clone());
+                let changed = self.write(update).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("secret {name} of tenant {tenant}"),
+                        || LedgerError::Database("unexpected foreign key failure".into()),
+                    )
+                })?;
+                Ok(Reply::Finished(changed == 1))
+            }
         }
+    }
+
+    async fn put_credential(&mut self, credential: &CredentialRecord) -> Result<Reply, Fail> {
+        let upsert = sqlx::query(
+            "INSERT INTO tenant_tool_secrets (tenant, name, kind, value, key_id, metadata, notes, \
+             created_by, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (tenant, name) DO UPDATE SET kind = excluded.kind, value = excluded.value, \
+             key_id = excluded.key_id, metadata = excluded.metadata, notes = excluded.notes, \
+             created_by = excluded.created_by, updated_at = excluded.updated_at",
+        )
+        .bind(credential.tenant.as_str().to_owned())
+        .bind(credential.name.as_str().to_owned())
+        .bind(credential.kind.as_str())
+        .bind(credential.value.clone())
+        .bind(credential.key_id.clone())
+        .bind(credential.metadata.to_string())
+        .bind(credential.notes.clone())
+        .bind(credential.created_by.clone())
+        .bind(credential.created_at.0)
+        .bind(credential.updated_at.0);
+        self.write(upsert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("secret {} of tenant {}", credential.name, credential.tenant),
+                || LedgerError::NotFound(format!("tenant {}", credential.tenant)),
+            )
+        })?;
+        Ok(Reply::Done)
     }
 
     /// Runs a write statement; returns the rows it changed.

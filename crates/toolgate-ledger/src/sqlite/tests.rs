@@ -1434,3 +1434,113 @@ async fn the_first_broken_chain_is_reported() {
     };
     check(&both).await;
 }
+
+#[tokio::test]
+async fn credentials_are_stored_listed_replaced_and_deleted() {
+    use crate::model::{CredentialKind, CredentialRecord};
+    use toolgate_core::SecretName;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("ledger.db"))
+        .await
+        .unwrap();
+    let acme = TenantId::new("acme").unwrap();
+    store
+        .create_tenant(Tenant {
+            id: acme.clone(),
+            name: "Acme".into(),
+            created_at: Timestamp(1),
+        })
+        .await
+        .unwrap();
+    let name = SecretName::new("slack_default").unwrap();
+    let sealed = |value: &str, key: &str, at: i64| CredentialRecord {
+        tenant: acme.clone(),
+        name: name.clone(),
+        kind: CredentialKind::Sealed,
+        value: value.into(),
+        key_id: Some(key.into()),
+        metadata: serde_json::json!({"team": "support"}),
+        notes: "bot token".into(),
+        created_by: "tok_1".into(),
+        created_at: Timestamp(at),
+        updated_at: Timestamp(at),
+    };
+    store
+        .put_credential(sealed("tgs1.k1.AAA", "k1", 10))
+        .await
+        .unwrap();
+    store
+        .put_credential(sealed("tgs1.k1.BBB", "k1", 20))
+        .await
+        .unwrap();
+    let stored = store.get_credential(&acme, &name).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_str(), stored.created_at, stored.updated_at),
+        ("tgs1.k1.BBB", Timestamp(10), Timestamp(20))
+    );
+    assert_eq!(
+        store.sealed_key_usage().await.unwrap(),
+        vec![("k1".to_owned(), 1)]
+    );
+    assert_eq!(
+        store.list_sealed_not_under("k2", 10).await.unwrap().len(),
+        1
+    );
+    assert!(
+        store
+            .list_sealed_not_under("k1", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A rewrap loses to a concurrent update: the expected value no longer matches.
+    assert!(
+        !store
+            .replace_sealed(
+                &acme,
+                &name,
+                "tgs1.k1.AAA",
+                "tgs1.k2.CCC",
+                "k2",
+                Timestamp(30)
+            )
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .replace_sealed(
+                &acme,
+                &name,
+                "tgs1.k1.BBB",
+                "tgs1.k2.CCC",
+                "k2",
+                Timestamp(30)
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .get_credential(&acme, &name)
+            .await
+            .unwrap()
+            .unwrap()
+            .key_id
+            .as_deref(),
+        Some("k2")
+    );
+    assert_eq!(store.list_credentials(&acme).await.unwrap().len(), 1);
+    let mut orphan = sealed("x", "k1", 1);
+    orphan.tenant = TenantId::new("nobody").unwrap();
+    assert!(matches!(
+        store.put_credential(orphan).await,
+        Err(LedgerError::NotFound(_))
+    ));
+    store.delete_credential(&acme, &name).await.unwrap();
+    assert!(matches!(
+        store.delete_credential(&acme, &name).await,
+        Err(LedgerError::NotFound(_))
+    ));
+    assert!(store.get_credential(&acme, &name).await.unwrap().is_none());
+}

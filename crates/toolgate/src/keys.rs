@@ -1,0 +1,317 @@
+//! Master keys and tenant credentials in the gateway: loading the key ring (key file or
+//! `TOOLGATE_MASTER_KEYS`), online rotation, rewrap and retirement, and the ledger as the
+//! vault's credential repository.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use tokio::sync::Mutex;
+use toolgate_core::{Clock, SecretName, TenantId};
+use toolgate_ledger::{CredentialKind, CredentialRecord, LedgerError, Store};
+use toolgate_secrets::{
+    CredentialRepository, KeyId, KeyRing, Reference, SecretsError, StoredCredential, StoredKind,
+    Vault,
+};
+
+use crate::server::write_private_file;
+
+/// Where the key ring comes from, and whether it can change.
+#[derive(Debug)]
+enum KeySource {
+    /// A file of `id=base64` lines this process may rewrite (0600).
+    File(PathBuf),
+    /// `TOOLGATE_MASTER_KEYS`: fixed for the life of the process.
+    Environment,
+}
+
+/// Owns key ring changes so two admin calls never interleave them.
+#[derive(Debug)]
+pub(crate) struct KeyManager {
+    source: KeySource,
+    vault: Arc<Vault>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    lock: Mutex<()>,
+}
+
+/// Loads the key ring: `TOOLGATE_MASTER_KEYS` when set, else the key file, created with one
+/// fresh key on first start. Returns the ring and whether a file was created.
+pub(crate) fn load_key_ring(
+    key_file: &Path,
+    inline: Option<&str>,
+) -> anyhow::Result<(KeyRing, bool)> {
+    if let Some(inline) = inline {
+        let entries = inline
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|entry| match entry.split_once('=') {
+                Some((id, key)) => Ok((id.trim().to_owned(), key.trim().to_owned())),
+                None => Err(anyhow::anyhow!(
+                    "TOOLGATE_MASTER_KEYS: `{}` is not `id=base64-key`",
+                    entry.split('=').next().unwrap_or_default()
+                )),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let ring = KeyRing::from_entries(entries).context("TOOLGATE_MASTER_KEYS")?;
+        return Ok((ring, false));
+    }
+    if !key_file.exists() {
+        let text = format!(
+            "# toolgate master keys: one `id=base64` per line; the last one seals new credentials.\nk1={}\n",
+            *KeyRing::generate_key()
+        );
+        write_private_file(key_file, &text)
+            .with_context(|| format!("cannot create the key file {}", key_file.display()))?;
+        let ring = KeyRing::parse(&text)?;
+        return Ok((ring, true));
+    }
+    let text = std::fs::read_to_string(key_file)
+        .with_context(|| format!("cannot read the key file {}", key_file.display()))?;
+    let ring = KeyRing::parse(&text).with_context(|| format!("key file {}", key_file.display()))?;
+    Ok((ring, false))
+}
+
+/// Refuses to start when a stored credential was sealed with a key the ring lacks.
+pub(crate) async fn check_keys_present(
+    store: &Arc<dyn Store>,
+    ring: &KeyRing,
+) -> anyhow::Result<()> {
+    for (key_id, count) in store.sealed_key_usage().await? {
+        let present = KeyId::new(key_id.clone()).is_ok_and(|id| ring.contains(&id));
+        if !present {
+            bail!(
+                "{count} stored credential(s) are sealed with master key `{key_id}`, which is not loaded; add it back to the key file (or TOOLGATE_MASTER_KEYS) before starting"
+            );
+        }
+    }
+    Ok(())
+}
+
+impl KeyManager {
+    pub(crate) fn new(
+        key_file: &Path,
+        from_environment: bool,
+        vault: Arc<Vault>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> KeyManager {
+        let source = if from_environment {
+            KeySource::Environment
+        } else {
+            KeySource::File(key_file.to_path_buf())
+        };
+        KeyManager {
+            source,
+            vault,
+            store,
+            clock,
+            lock: Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn vault(&self) -> &Arc<Vault> {
+        &self.vault
+    }
+
+    /// Seals and stores a credential value.
+    pub(crate) async fn put_sealed(
+        &self,
+        mut record: CredentialRecord,
+        plaintext: &str,
+    ) -> Result<CredentialRecord, LedgerError> {
+        // Sealing and storing happen under the lock, so a rewrap cannot miss this credential.
+        let _guard = self.lock.lock().await;
+        let sealed = self
+            .vault
+            .key_ring()
+            .seal(&record.tenant, &record.name, plaintext);
+        record.kind = CredentialKind::Sealed;
+        record.value = sealed.ciphertext;
+        record.key_id = Some(sealed.key_id.to_string());
+        self.store.put_credential(record.clone()).await?;
+        self.vault.invalidate(&record.tenant, &record.name);
+        Ok(record)
+    }
+
+    /// Stores a reference credential.
+    pub(crate) async fn put_reference(&self, record: CredentialRecord) -> Result<(), LedgerError> {
+        self.store.put_credential(record.clone()).await?;
+        self.vault.invalidate(&record.tenant, &record.name);
+        Ok(())
+    }
+
+    /// Deletes a credential.
+    pub(crate) async fn delete(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+    ) -> Result<(), LedgerError> {
+        self.store.delete_credential(tenant, name).await?;
+        self.vault.invalidate(tenant, name);
+        Ok(())
+    }
+
+    /// Adds a fresh key and makes it active; the file is rewritten atomically first.
+    pub(crate) async fn rotate(&self) -> anyhow::Result<Arc<KeyRing>> {
+        let _guard = self.lock.lock().await;
+        let path = self.writable_file()?;
+        let ring = self.vault.key_ring();
+        let id = next_key_id(&ring);
+        let key = KeyRing::generate_key();
+        let rotated = ring.rotated(id.clone(), &key)?;
+        let mut text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!("{id}={}\n", *key));
+        replace_file(path, &text)?;
+        self.vault.set_key_ring(rotated);
+        Ok(self.vault.key_ring())
+    }
+
+    /// Re-seals every credential not under the active key. Calls go on meanwhile: each
+    /// credential is replaced only if unchanged since it was read.
+    pub(crate) async fn rewrap(&self) -> anyhow::Result<(u64, u64)> {
+        let _guard = self.lock.lock().await;
+        let ring = self.vault.key_ring();
+        let active = ring.active().to_string();
+        let (mut rewrapped, mut skipped) = (0, 0);
+        loop {
+            let batch = self.store.list_sealed_not_under(&active, 200).await?;
+            if batch.is_empty() {
+                break;
+            }
+            let mut progressed = false;
+            for record in batch {
+                let key_id = KeyId::new(record.key_id.clone().unwrap_or_default())?;
+                let sealed = toolgate_secrets::SealedSecret {
+                    key_id,
+                    ciphertext: record.value.clone(),
+                };
+                let Some(new) = ring.rewrap(&record.tenant, &record.name, &sealed)? else {
+                    continue;
+                };
+                let replaced = self
+                    .store
+                    .replace_sealed(
+                        &record.tenant,
+                        &record.name,
+                        &record.value,
+                        &new.ciphertext,
+                        new.key_id.as_str(),
+                        self.clock.now(),
+                    )
+                    .await?;
+                if replaced {
+                    rewrapped += 1;
+                    progressed = true;
+                    self.vault.invalidate(&record.tenant, &record.name);
+                } else {
+                    skipped += 1;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        Ok((rewrapped, skipped))
+    }
+
+    /// Removes a key; refused while a credential is sealed with it, or for the active key.
+    pub(crate) async fn retire(&self, id: &str) -> anyhow::Result<Arc<KeyRing>> {
+        let _guard = self.lock.lock().await;
+        let path = self.writable_file()?;
+        let key_id = KeyId::new(id)?;
+        // The ring refuses the active key and unknown ids first, with its own message.
+        let retired = self.vault.key_ring().retired(&key_id)?;
+        let in_use = self
+            .store
+            .sealed_key_usage()
+            .await?
+            .into_iter()
+            .find(|(key, _)| key == id)
+            .map_or(0, |(_, count)| count);
+        if in_use > 0 {
+            bail!("key `{id}` still seals {in_use} credential(s); run a rewrap first");
+        }
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let kept: String = text
+            .lines()
+            .filter(|line| {
+                line.split_once('=')
+                    .is_none_or(|(line_id, _)| line_id.trim() != id)
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        replace_file(path, &kept)?;
+        self.vault.set_key_ring(retired);
+        Ok(self.vault.key_ring())
+    }
+
+    fn writable_file(&self) -> anyhow::Result<&Path> {
+        match &self.source {
+            KeySource::File(path) => Ok(path),
+            KeySource::Environment => bail!(
+                "the master keys come from TOOLGATE_MASTER_KEYS, so they cannot change online; change the variable and restart"
+            ),
+        }
+    }
+}
+
+/// `k<n+1>` after the highest `k<n>` in the ring (other ids are left alone).
+fn next_key_id(ring: &KeyRing) -> KeyId {
+    let highest = ring
+        .key_ids()
+        .filter_map(|id| id.as_str().strip_prefix('k')?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    KeyId::new(format!("k{}", highest + 1)).expect("k<number> is a valid key id")
+}
+
+/// Writes `text` to a private temporary file beside `path`, then renames it over `path`, so
+/// a crash leaves the old or the new key file, never half of one.
+fn replace_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    let temporary = path.with_extension("tmp");
+    write_private_file(&temporary, text)
+        .with_context(|| format!("cannot write {}", temporary.display()))?;
+    std::fs::rename(&temporary, path)
+        .with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok(())
+}
+
+/// The ledger as the vault's credential repository.
+#[derive(Debug)]
+pub(crate) struct LedgerCredentials(pub(crate) Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl CredentialRepository for LedgerCredentials {
+    async fn get(
+        &self,
+        tenant: &TenantId,
+        name: &SecretName,
+    ) -> Result<Option<StoredCredential>, SecretsError> {
+        let record = self
+            .0
+            .get_credential(tenant, name)
+            .await
+            .map_err(|e| SecretsError::Repository(e.to_string()))?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let kind = match record.kind {
+            CredentialKind::Sealed => StoredKind::Sealed {
+                ciphertext: record.value,
+            },
+            CredentialKind::Reference => StoredKind::Reference(Reference::parse(&record.value)?),
+        };
+        Ok(Some(StoredCredential {
+            tenant: record.tenant,
+            name: record.name,
+            kind,
+        }))
+    }
+}
