@@ -2,51 +2,75 @@
 //! events, error texts, logs) passes through [`Redactor`] first. The agent itself always gets
 //! the unredacted result.
 //!
-//! Two layers: field names that smell like credentials have their whole value replaced, and
-//! string values anywhere are scanned for well-known secret shapes (vendor token prefixes,
-//! bearer headers, JWTs, PEM private keys).
+//! Two modes. [`Redactor::redact_json`] / [`Redactor::redact_text`] remove credentials and are
+//! meant for tool inputs and error texts; [`Redactor::redact_output_json`] /
+//! [`Redactor::redact_output_text`] also remove personal data and are meant for tool outputs
+//! (and vendor error texts, which often quote them).
+//!
+//! Two layers in each mode:
+//!
+//! - Field names (`secret`, `token`, `password`, `passphrase`, `api[_-]key`, `access[_-]key`,
+//!   `private[_-]key`, `authorization`, `cookie`, `credential`, `signature`, in any case and in
+//!   camelCase, snake_case or kebab-case) have their whole value replaced; `null` and booleans
+//!   are kept since they say nothing. LLM usage counters are not credentials: a "token" name
+//!   with a counter word (`max_tokens`, `tokens_used`, `promptTokenCount`, `input_tokens`, ...)
+//!   is plain, and a JSON number under any name whose only hint is "token" is kept. In output
+//!   mode, personal field names (`email`, `phone`, `first_name`, `address1`, `date_of_birth`,
+//!   `card_number`, `ssn`, ...) are replaced too; a postal address keeps its postal code, and
+//!   `ip_address`-like names are not postal.
+//! - Value patterns anywhere in strings (and in object keys): PEM private keys (the whole
+//!   block, or to the end when cut off), URL userinfo (`https://[REDACTED]@host`), Slack webhook
+//!   paths, `name=value` / `"name": "value"` pairs with credential names (query strings, headers,
+//!   JSON-in-text), bearer/basic values that look machine-made, vendor tokens (AWS key ids,
+//!   Slack, Shopify, GitHub, JWT, Stripe, OpenAI/Anthropic-style `sk-`, Google `AIza`), AWS
+//!   secret keys (40 base64 characters mixing case and digits, only with AWS mentioned nearby
+//!   or in the enclosing JSON object), Luhn-valid card numbers (13-19 digits, issuer digit 2-6,
+//!   card-shaped grouping; JSON numbers of 15-19 digits too), SSNs/ITINs (`AAA-GG-SSSS`, valid
+//!   areas only) and EINs (`PP-NNNNNNN`, IRS prefixes only). Output mode adds emails, phone
+//!   numbers (E.164, NANP, trunk-0 national forms), street addresses (reduced to
+//!   `[REDACTED ADDRESS] <postal code>`) and IBANs (mod-97 checked).
+//!
+//! Cost: one pass of one compiled alternation per string, skipped for strings under 6 bytes;
+//! nothing is allocated for a string without a match. Measured in release builds (the
+//! `a_typical_call_is_cheap_to_redact` test): about 14 µs for one Shopify-style call, its input
+//! through `redact_json` plus its 25-field output through `redact_output_json`. A string with
+//! no match costs 30-80 ns; each match costs 1-2 µs.
+
+mod fields;
+mod scan;
 
 use std::borrow::Cow;
-use std::sync::LazyLock;
+use std::cell::Cell;
 
-use regex::Regex;
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
-/// What replaces a redacted value.
+use fields::{FieldClass, Pii};
+
+/// What replaces a redacted credential.
 pub const REDACTED: &str = "[REDACTED]";
+/// What replaces an email address in outputs.
+pub const REDACTED_EMAIL: &str = "[REDACTED EMAIL]";
+/// What replaces a phone number in outputs.
+pub const REDACTED_PHONE: &str = "[REDACTED PHONE]";
+/// What replaces a street address in outputs; the postal code, when found, follows it.
+pub const REDACTED_ADDRESS: &str = "[REDACTED ADDRESS]";
+/// What replaces a person's name in outputs.
+pub const REDACTED_NAME: &str = "[REDACTED NAME]";
+/// What replaces payment details (IBAN, account numbers, card fields) in outputs.
+pub const REDACTED_PAYMENT: &str = "[REDACTED PAYMENT]";
 
-static SENSITIVE_FIELD: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"(?i)(secret|token|passw(or)?d|passphrase|api[_-]?key|access[_-]?key|private[_-]?key|authorization|cookie|credential)",
-    )
-    .expect("static regex")
-});
-
-static SECRET_VALUE: LazyLock<Regex> = LazyLock::new(|| {
-    let patterns = [
-        // PEM private key blocks.
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
-        // Authorization header values.
-        r"(?i)\b(?:bearer|basic)\s+[A-Za-z0-9\-._~+/]+=*",
-        // AWS access key ids.
-        r"\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b",
-        // Slack tokens.
-        r"\bxox[abposer]-[A-Za-z0-9-]{8,}",
-        r"\bxapp-[A-Za-z0-9-]{8,}",
-        // Shopify tokens.
-        r"\bshp(?:at|ca|pa|ss)_[A-Fa-f0-9]{16,}",
-        // GitHub tokens.
-        r"\bgh[pousr]_[A-Za-z0-9]{20,}",
-        // JWTs.
-        r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
-    ];
-    Regex::new(&patterns.join("|")).expect("static regex")
-});
-
-/// Replaces credentials in JSON values and text. Cheap to clone and share.
+/// Replaces credentials (and, for outputs, personal data) in JSON values and text. Cheap to
+/// clone and share: the patterns are compiled once per process.
 #[derive(Clone, Debug, Default)]
 pub struct Redactor {
     _private: (),
+}
+
+/// Which layers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Secrets,
+    SecretsAndPii,
 }
 
 impl Redactor {
@@ -55,94 +79,148 @@ impl Redactor {
         Redactor::default()
     }
 
-    /// Whether a field called `name` holds a credential.
+    /// Whether a field called `name` holds a credential. Usage counters such as `max_tokens`
+    /// do not.
     pub fn is_sensitive_field(&self, name: &str) -> bool {
-        SENSITIVE_FIELD.is_match(name)
+        fields::is_secret_name(name)
     }
 
-    /// A copy of `value` with sensitive fields and secret-shaped strings replaced.
+    /// A copy of `value` with credentials replaced: for tool inputs.
     pub fn redact_json(&self, value: &Value) -> Value {
-        match value {
-            Value::Object(map) => {
-                let mut out = Map::with_capacity(map.len());
-                for (key, field) in map {
-                    let redacted = if self.is_sensitive_field(key) && !field.is_null() {
-                        Value::String(REDACTED.to_owned())
-                    } else {
-                        self.redact_json(field)
-                    };
-                    out.insert(key.clone(), redacted);
-                }
-                Value::Object(out)
-            }
-            Value::Array(items) => {
-                Value::Array(items.iter().map(|v| self.redact_json(v)).collect())
-            }
-            Value::String(text) => Value::String(self.redact_text(text).into_owned()),
-            other => other.clone(),
+        walk(value, Mode::Secrets, &AwsScope::root())
+    }
+
+    /// A copy of `value` with credentials and personal data replaced: for tool outputs.
+    pub fn redact_output_json(&self, value: &Value) -> Value {
+        walk(value, Mode::SecretsAndPii, &AwsScope::root())
+    }
+
+    /// `text` with credentials replaced; borrowed when nothing matched.
+    pub fn redact_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        scan::scan(text, false, &|| false)
+    }
+
+    /// `text` with credentials and personal data replaced; borrowed when nothing matched.
+    pub fn redact_output_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        scan::scan(text, true, &|| false)
+    }
+}
+
+/// Whether the JSON around a value talks about AWS (a key naming it, or an access key id in a
+/// sibling field), which makes a bare 40-character key a secret key. Worked out only when a
+/// candidate needs it, once per object.
+#[derive(Debug)]
+struct AwsScope<'a> {
+    parent: Option<&'a AwsScope<'a>>,
+    object: Option<&'a Map<String, Value>>,
+    known: Cell<Option<bool>>,
+}
+
+impl AwsScope<'_> {
+    /// Outside any JSON object: no context.
+    fn root() -> AwsScope<'static> {
+        AwsScope {
+            parent: None,
+            object: None,
+            known: Cell::new(Some(false)),
         }
     }
 
-    /// `text` with secret-shaped substrings replaced; borrowed when nothing matched.
-    pub fn redact_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        SECRET_VALUE.replace_all(text, REDACTED)
+    fn get(&self) -> bool {
+        if let Some(known) = self.known.get() {
+            return known;
+        }
+        let here = self.object.is_some_and(|map| {
+            map.iter().any(|(key, field)| {
+                contains_ignore_case(key, "aws")
+                    || matches!(field, Value::String(s) if scan::AWS_KEY_ID.is_match(s))
+            })
+        });
+        let answer = here || self.parent.is_some_and(AwsScope::get);
+        self.known.set(Some(answer));
+        answer
     }
+}
+
+fn walk(value: &Value, mode: Mode, aws: &AwsScope<'_>) -> Value {
+    match value {
+        Value::Object(map) => walk_object(map, mode, aws),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|item| walk(item, mode, aws)).collect())
+        }
+        Value::String(text) => Value::String(scan_text(text, mode, aws).into_owned()),
+        Value::Number(number) if is_card_number(number) => Value::String(REDACTED.to_owned()),
+        other => other.clone(),
+    }
+}
+
+fn walk_object(map: &Map<String, Value>, mode: Mode, parent: &AwsScope<'_>) -> Value {
+    let aws = AwsScope {
+        parent: Some(parent),
+        object: Some(map),
+        known: Cell::new(None),
+    };
+    let mut out = Map::with_capacity(map.len());
+    for (key, field) in map {
+        let redacted = match fields::classify(key) {
+            FieldClass::Secret { .. } if matches!(field, Value::Null | Value::Bool(_)) => {
+                field.clone()
+            }
+            FieldClass::Secret { token_only: true } if field.is_number() => field.clone(),
+            FieldClass::Secret { .. } => Value::String(REDACTED.to_owned()),
+            FieldClass::Personal(pii) if mode == Mode::SecretsAndPii => {
+                redact_personal(field, pii, &aws)
+            }
+            FieldClass::Plain | FieldClass::Personal(_) => walk(field, mode, &aws),
+        };
+        let key = scan_text(key, mode, &AwsScope::root()).into_owned();
+        out.insert(key, redacted);
+    }
+    Value::Object(out)
+}
+
+/// A personal field's value: strings and numbers replaced (an address keeping its postal
+/// code), containers walked, `null` and booleans kept.
+fn redact_personal(field: &Value, pii: Pii, aws: &AwsScope<'_>) -> Value {
+    let label = match pii {
+        Pii::Email => REDACTED_EMAIL,
+        Pii::Phone => REDACTED_PHONE,
+        Pii::Address => REDACTED_ADDRESS,
+        Pii::Name => REDACTED_NAME,
+        Pii::Payment => REDACTED_PAYMENT,
+        Pii::BirthDate | Pii::TaxId => REDACTED,
+    };
+    match field {
+        Value::String(text) if pii == Pii::Address => match scan::postal_code(text) {
+            Some(code) => Value::String(format!("{label} {code}")),
+            None => Value::String(label.to_owned()),
+        },
+        Value::String(_) | Value::Number(_) => Value::String(label.to_owned()),
+        Value::Object(_) | Value::Array(_) => walk(field, Mode::SecretsAndPii, aws),
+        Value::Null | Value::Bool(_) => field.clone(),
+    }
+}
+
+fn scan_text<'t>(text: &'t str, mode: Mode, aws: &AwsScope<'_>) -> Cow<'t, str> {
+    scan::scan(text, mode == Mode::SecretsAndPii, &|| aws.get())
+}
+
+/// JSON integers of 15-19 digits that pass the card checks. Shorter ones are left alone: 13-14
+/// digit JSON numbers are overwhelmingly ids (Shopify's), and such cards are retired.
+fn is_card_number(number: &Number) -> bool {
+    let Some(value) = number.as_u64() else {
+        return false;
+    };
+    (100_000_000_000_000..10_000_000_000_000_000_000).contains(&value)
+        && scan::is_card_digits(&value.to_string())
+}
+
+fn contains_ignore_case(haystack: &str, needle: &str) -> bool {
+    haystack
+        .as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn sensitive_fields_are_replaced_at_any_depth() {
-        let input = json!({
-            "order_id": "12345",
-            "apiKey": "abc",
-            "nested": {"Authorization": "anything", "items": [{"password": "p", "qty": 2}]},
-            "access_token": null,
-        });
-        let out = Redactor::new().redact_json(&input);
-        assert_eq!(
-            out,
-            json!({
-                "order_id": "12345",
-                "apiKey": REDACTED,
-                "nested": {"Authorization": REDACTED, "items": [{"password": REDACTED, "qty": 2}]},
-                "access_token": null,
-            })
-        );
-    }
-
-    #[test]
-    fn secret_shaped_values_are_replaced_inside_text() {
-        let cases: &[(&str, &str)] = &[
-            ("key AKIAIOSFODNN7EXAMPLE here", "key [REDACTED] here"),
-            (
-                "Authorization: Bearer abc.def-ghi",
-                "Authorization: [REDACTED]",
-            ),
-            ("tok xoxb-1234567890-abcdefgh end", "tok [REDACTED] end"),
-            ("shpat_0123456789abcdef0123456789abcdef", "[REDACTED]"),
-            (
-                "jwt eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl",
-                "jwt [REDACTED]",
-            ),
-            (
-                "order 12345 shipped, tracking 1Z999AA1",
-                "order 12345 shipped, tracking 1Z999AA1",
-            ),
-            ("i-0abcd1234ef567890", "i-0abcd1234ef567890"),
-        ];
-        let redactor = Redactor::new();
-        for (input, expected) in cases {
-            assert_eq!(redactor.redact_text(input), *expected, "{input}");
-        }
-    }
-
-    #[test]
-    fn pem_blocks_are_replaced_whole() {
-        let pem = "x -----BEGIN RSA PRIVATE KEY-----\nMIIE\nabc\n-----END RSA PRIVATE KEY----- y";
-        assert_eq!(Redactor::new().redact_text(pem), "x [REDACTED] y");
-    }
-}
+mod tests;

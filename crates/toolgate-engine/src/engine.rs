@@ -1066,7 +1066,8 @@ impl Engine {
             payload["reason"] = json!(reason);
             payload["error_code"] = json!(error.code.as_str());
         }
-        let output_redacted = result.as_ref().map(|r| self.redactor.redact_json(r));
+        // Outputs lose personal data as well as secrets before they are stored.
+        let output_redacted = result.as_ref().map(|r| self.redactor.redact_output_json(r));
         let finish = FinishCall {
             tenant: call.tenant.clone(),
             id: call.id.clone(),
@@ -1075,7 +1076,7 @@ impl Engine {
             error_code: error.as_ref().map(|e| e.code),
             error_text: error
                 .as_ref()
-                .map(|e| self.redactor.redact_text(&e.message).into_owned()),
+                .map(|e| self.redactor.redact_output_text(&e.message).into_owned()),
             duration_ms,
             attempts: i64::from(attempts),
             at: self.clock.now(),

@@ -820,3 +820,26 @@ async fn calls_interrupted_by_a_crash_become_outcome_unknown_and_never_rerun() {
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn personal_data_in_outputs_is_redacted_in_the_ledger_only() {
+    let h = harness().await;
+    let run = h.run(None).await;
+    let message = "ship to jane.doe@example.com, order 1001";
+    let outcome = h
+        .call(
+            &run,
+            "testkit.echo",
+            &json!({"message": message}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        outcome.result,
+        Some(json!({"message": message})),
+        "the agent gets everything"
+    );
+    let row = h.ledger_row(&outcome).await;
+    let stored = row.output_redacted.unwrap().to_string();
+    assert!(!stored.contains("jane.doe@example.com"), "{stored}");
+    assert!(stored.contains("order 1001"), "{stored}");
+}
