@@ -1,4 +1,4 @@
-//! The redaction corpus (true and false positives, with rates asserted), a property test that
+//! The redaction corpus (true and false positives, with rates asserted) and a property test that
 //! hides generated secrets in random JSON. All samples are
 //! fabricated or published test values, never real credentials.
 
