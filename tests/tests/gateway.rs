@@ -204,7 +204,8 @@ async fn outcomes_carry_their_stable_codes() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(run_state.pending_approvals, 1);
+    // The approval request and the POLICY_DENIED row of the blocked transfer.
+    assert_eq!(run_state.pending_approvals, 2);
     assert_eq!(run_state.status, "waiting_approval");
 }
 

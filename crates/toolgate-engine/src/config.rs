@@ -16,6 +16,8 @@ pub struct EngineConfig {
     /// How long cached flags and policy sets are trusted before being re-read from the store
     /// (changes made through this process apply at once; this bounds changes made elsewhere).
     pub cache_ttl: Duration,
+    /// How long a pending invocation waits for a human before it resolves as rejected.
+    pub pending_expiry: Duration,
 }
 
 impl Default for EngineConfig {
@@ -26,6 +28,7 @@ impl Default for EngineConfig {
             max_calls_limit: 100_000,
             max_argument_bytes: 1024 * 1024,
             cache_ttl: Duration::from_secs(2),
+            pending_expiry: Duration::from_secs(24 * 60 * 60),
         }
     }
 }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use toolgate_core::{
-    AgentId, Clock, CorrelationId, Decision, ErrorCode, InvocationContext, Redactor, RunId,
-    SecretError, SecretSource, Secrets, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolError,
-    ToolName, ToolSpec, ToolUseId,
+    AgentId, Clock, Connector, CorrelationId, Decision, ErrorCode, InvocationContext, Redactor,
+    RiskLevel, RunId, SecretError, SecretSource, Secrets, TenantId, Timestamp, ToolCallId,
+    ToolCallStatus, ToolError, ToolName, ToolSpec, ToolUseId,
 };
 use toolgate_ledger::{
     FinishCall, NewAuditEvent, NewCall, PendingInvocation, PendingOrigin, PendingState,
@@ -19,17 +19,19 @@ use toolgate_ledger::{
 use toolgate_policy::{CompiledPolicy, PolicyDecision, PolicyRequest};
 use tracing::{debug, warn};
 
+mod resume;
+
 use crate::catalog::{Catalog, parse_llm_tool_name};
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::invoke::{Invocation, invoke};
 use crate::outcome::{CreateRun, ExecuteOutcome, ExecuteRequest};
 
-/// How long a pending invocation waits for a human before it resolves as rejected.
-const PENDING_EXPIRY_MS: i64 = 24 * 60 * 60 * 1000;
-
 /// Longest tool name kept verbatim in the ledger for a call naming an unknown tool.
 const MAX_RECORDED_NAME: usize = 128;
+
+/// A decision and risk level, as reported in outcomes.
+type Verdict = (Decision, RiskLevel);
 
 /// The chokepoint. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Engine {
@@ -527,6 +529,7 @@ impl Engine {
                     error,
                     "feature_disabled",
                     None,
+                    None,
                 )
                 .await;
         }
@@ -557,6 +560,7 @@ impl Engine {
                     error,
                     "not_in_manifest",
                     None,
+                    None,
                 )
                 .await;
         }
@@ -580,6 +584,7 @@ impl Engine {
                         error,
                         "unknown_tool",
                         None,
+                        None,
                     )
                     .await;
             }
@@ -598,6 +603,7 @@ impl Engine {
                         error,
                         "invalid_arguments",
                         None,
+                        None,
                     )
                     .await;
             }
@@ -611,6 +617,7 @@ impl Engine {
                     ToolCallStatus::Failed,
                     error,
                     "invalid_arguments",
+                    None,
                     None,
                 )
                 .await;
@@ -629,6 +636,7 @@ impl Engine {
                         error,
                         "policy_unavailable",
                         None,
+                        None,
                     )
                     .await;
             }
@@ -645,6 +653,14 @@ impl Engine {
         call.risk_level = Some(decision.risk);
 
         if decision.decision == Decision::Block {
+            let denied = self.pending_for(
+                &call,
+                &run,
+                &name,
+                arguments,
+                &decision,
+                PendingOrigin::PolicyDenied,
+            );
             let error = ToolError::new(
                 ErrorCode::PolicyBlocked,
                 format!("policy blocked this call: {}", decision.reason),
@@ -657,6 +673,7 @@ impl Engine {
                     error,
                     "policy_blocked",
                     Some((decision_record, &decision)),
+                    Some(denied),
                 )
                 .await;
         }
@@ -689,58 +706,80 @@ impl Engine {
             return answer;
         }
 
+        let timeout = request
+            .timeout
+            .filter(|t| !t.is_zero())
+            .unwrap_or(spec.default_timeout)
+            .min(self.config.max_timeout);
+        self.run_connector(
+            &call,
+            &spec,
+            connector,
+            arguments,
+            timeout,
+            (decision.decision, decision.risk),
+        )
+        .await
+    }
+
+    /// Steps 9 to 13 for a call whose `running` row is committed: credentials, the connector
+    /// under the deadline, normalization, the terminal record.
+    async fn run_connector(
+        &self,
+        call: &ToolCallRecord,
+        spec: &ToolSpec,
+        connector: Arc<dyn Connector>,
+        arguments: Value,
+        timeout: Duration,
+        verdict: Verdict,
+    ) -> Result<ExecuteOutcome, EngineError> {
         // Step 9: credentials, only those the tool declares, for this tenant.
-        let secrets = match self.resolve_secrets(&request.tenant, &spec).await {
+        let secrets = match self.resolve_secrets(&call.tenant, spec).await {
             Ok(secrets) => secrets,
             Err(err) => {
                 let error = ToolError::new(ErrorCode::CredentialsNotFound, err.to_string());
                 return self
                     .finish(
-                        &call,
+                        call,
                         ToolCallStatus::Failed,
                         None,
                         Some(error),
                         Duration::ZERO,
                         0,
                         "credentials_missing",
-                        &decision,
+                        verdict,
                     )
                     .await;
             }
         };
 
         // Step 10: the connector, under the engine's deadline.
-        let timeout = request
-            .timeout
-            .filter(|t| !t.is_zero())
-            .unwrap_or(spec.default_timeout)
-            .min(self.config.max_timeout);
         let ctx = InvocationContext {
-            tenant: request.tenant.clone(),
-            agent: run.agent.clone(),
-            run: run.id.clone(),
+            tenant: call.tenant.clone(),
+            agent: call.agent.clone(),
+            run: call.run.clone(),
             tool_call_id: call.id.clone(),
             correlation_id: call.correlation_id.clone(),
-            tool: name.clone(),
+            tool: spec.name.clone(),
             deadline: Instant::now() + timeout,
             secrets,
         };
         let started = Instant::now();
-        let invocation = invoke(connector, ctx, name.clone(), arguments, timeout).await;
+        let invocation = invoke(connector, ctx, spec.name.clone(), arguments, timeout).await;
         let elapsed = started.elapsed();
 
         // Steps 11-13: normalize, record, return.
         match invocation {
             Invocation::Answered(Ok(output)) => {
                 self.finish(
-                    &call,
+                    call,
                     ToolCallStatus::Succeeded,
                     Some(output.result),
                     None,
                     elapsed,
                     output.attempts,
                     "succeeded",
-                    &decision,
+                    verdict,
                 )
                 .await
             }
@@ -750,14 +789,14 @@ impl Engine {
                     self.redactor.redact_text(&error.message).into_owned(),
                 );
                 self.finish(
-                    &call,
+                    call,
                     ToolCallStatus::Failed,
                     None,
                     Some(sanitized),
                     elapsed,
                     1,
                     "connector_error",
-                    &decision,
+                    verdict,
                 )
                 .await
             }
@@ -767,14 +806,14 @@ impl Engine {
                     format!("the tool did not answer within {} ms", timeout.as_millis()),
                 );
                 self.finish(
-                    &call,
+                    call,
                     ToolCallStatus::TimedOut,
                     None,
                     Some(error),
                     elapsed,
                     1,
                     "timeout",
-                    &decision,
+                    verdict,
                 )
                 .await
             }
@@ -787,32 +826,32 @@ impl Engine {
                     ),
                 );
                 self.finish(
-                    &call,
+                    call,
                     ToolCallStatus::OutcomeUnknown,
                     None,
                     Some(error),
                     elapsed,
                     1,
                     "timeout_not_idempotent",
-                    &decision,
+                    verdict,
                 )
                 .await
             }
             Invocation::Panicked => {
-                warn!(tool = %name, tool_call_id = %call.id, "connector panicked");
+                warn!(tool = %spec.name, tool_call_id = %call.id, "connector panicked");
                 let error = ToolError::new(
                     ErrorCode::Internal,
                     "the tool failed unexpectedly and the call was not completed",
                 );
                 self.finish(
-                    &call,
+                    call,
                     ToolCallStatus::Failed,
                     None,
                     Some(error),
                     elapsed,
                     1,
                     "connector_panicked",
-                    &decision,
+                    verdict,
                 )
                 .await
             }
@@ -912,7 +951,45 @@ impl Engine {
         })
     }
 
+    /// A pending invocation bound to this exact call: tool, arguments (and their hash), the
+    /// run's manifest and the policy version that decided.
+    fn pending_for(
+        &self,
+        call: &ToolCallRecord,
+        run: &RunRecord,
+        tool: &ToolName,
+        arguments: Value,
+        decision: &PolicyDecision,
+        origin: PendingOrigin,
+    ) -> PendingInvocation {
+        let now = self.clock.now();
+        let expiry_ms = i64::try_from(self.config.pending_expiry.as_millis()).unwrap_or(i64::MAX);
+        PendingInvocation {
+            id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+            tenant: call.tenant.clone(),
+            run: run.id.clone(),
+            tool_call_id: call.id.clone(),
+            tool: tool.clone(),
+            arguments,
+            args_hash: call.args_hash.clone(),
+            manifest: run.manifest.clone(),
+            policy_version: decision.policy_version,
+            origin,
+            decision: decision.decision,
+            state: PendingState::Pending,
+            version: 1,
+            expires_at: now.plus_ms(expiry_ms),
+            created_at: now,
+        }
+    }
+
     /// Records a call that stops before execution, with its audit trail, and answers with it.
+    /// A policy block also leaves a POLICY_DENIED pending invocation (`denied`), which only a
+    /// Reject resolves.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the refused call, its audit event, outcome, reason, decision and denial row"
+    )]
     async fn refuse(
         &self,
         mut call: ToolCallRecord,
@@ -921,6 +998,7 @@ impl Engine {
         error: ToolError,
         reason: &str,
         decision: Option<(PolicyDecisionRecord, &PolicyDecision)>,
+        denied: Option<PendingInvocation>,
     ) -> Result<ExecuteOutcome, EngineError> {
         let kind = if status == ToolCallStatus::Blocked {
             "tool_call.blocked"
@@ -942,7 +1020,7 @@ impl Engine {
             call: call.clone(),
             count_against_budget: false,
             decision: decision.map(|(record, _)| record),
-            pending: None,
+            pending: denied.clone(),
             events: vec![requested, terminal],
         };
         if let Some(answer) = self.record(new_call, &call).await? {
@@ -958,7 +1036,7 @@ impl Engine {
             attempts: 0,
             decision: outcome_decision.map(|(d, _)| d),
             risk: outcome_decision.map(|(_, r)| r),
-            pending_invocation_id: None,
+            pending_invocation_id: denied.map(|pending| pending.id),
             replayed: false,
         })
     }
@@ -977,24 +1055,14 @@ impl Engine {
         tool: &ToolName,
         arguments: Value,
     ) -> Result<ExecuteOutcome, EngineError> {
-        let now = self.clock.now();
-        let pending = PendingInvocation {
-            id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
-            tenant: call.tenant.clone(),
-            run: run.id.clone(),
-            tool_call_id: call.id.clone(),
-            tool: tool.clone(),
+        let pending = self.pending_for(
+            &call,
+            run,
+            tool,
             arguments,
-            args_hash: call.args_hash.clone(),
-            manifest: run.manifest.clone(),
-            policy_version: decision.policy_version,
-            origin: PendingOrigin::ApprovalRequired,
-            decision: decision.decision,
-            state: PendingState::Pending,
-            version: 1,
-            expires_at: now.plus_ms(PENDING_EXPIRY_MS),
-            created_at: now,
-        };
+            decision,
+            PendingOrigin::ApprovalRequired,
+        );
         let approval = self.event(
             &call,
             "tool_call.approval_requested",
@@ -1051,7 +1119,7 @@ impl Engine {
         elapsed: Duration,
         attempts: u32,
         reason: &str,
-        decision: &PolicyDecision,
+        verdict: Verdict,
     ) -> Result<ExecuteOutcome, EngineError> {
         let duration_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
         let kind = match status {
@@ -1092,8 +1160,8 @@ impl Engine {
             error,
             duration: elapsed,
             attempts,
-            decision: Some(decision.decision),
-            risk: Some(decision.risk),
+            decision: Some(verdict.0),
+            risk: Some(verdict.1),
             pending_invocation_id: None,
             replayed: false,
         })

@@ -19,7 +19,9 @@ pub use catalog::{Catalog, llm_tool_name, parse_llm_tool_name};
 pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::EngineError;
-pub use outcome::{CreateRun, ExecuteOutcome, ExecuteRequest};
+pub use outcome::{
+    CreateRun, ExecuteOutcome, ExecuteRequest, ResumeDecision, ResumeOutcome, ResumeRequest,
+};
 
 #[cfg(test)]
 mod tests;

@@ -74,3 +74,47 @@ impl ExecuteOutcome {
         self.error.as_ref().map(|e| e.code)
     }
 }
+
+/// A human decision on a suspended call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeDecision {
+    /// Execute the call.
+    Approve,
+    /// Do not execute it; the call ends rejected.
+    Reject,
+}
+
+/// Resuming a pending invocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumeRequest {
+    /// The approver's tenant (from the token).
+    pub tenant: TenantId,
+    /// Who decides (recorded in the ledger and the audit trail).
+    pub approver: String,
+    /// The run the invocation belongs to.
+    pub run: String,
+    /// The pending invocation.
+    pub invocation: String,
+    /// Approve or reject.
+    pub decision: ResumeDecision,
+    /// Why (stored redacted).
+    pub reason: String,
+}
+
+/// What a resume did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResumeOutcome {
+    /// The call was claimed and executed; this is how it ended.
+    Executed(ExecuteOutcome),
+    /// The call was rejected (by this decision, or because the invocation had expired).
+    Rejected {
+        /// The call.
+        tool_call_id: ToolCallId,
+        /// True when it was rejected because it expired.
+        expired: bool,
+    },
+    /// Another decision got there first; nothing changed.
+    ClaimLost,
+    /// Policy blocked this call: approval cannot override it (only Reject resolves the row).
+    PolicyDenialTerminal,
+}

@@ -843,3 +843,350 @@ async fn personal_data_in_outputs_is_redacted_in_the_ledger_only() {
     assert!(!stored.contains("jane.doe@example.com"), "{stored}");
     assert!(stored.contains("order 1001"), "{stored}");
 }
+
+const APPROVAL_POLICY: &str = r#"
+    @id("base") permit(principal, action, resource);
+    @id("big") @decision("require_expert_approval")
+    permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
+        when { context.args.amount > 1000 };
+    @id("failing-needs-approval") @decision("require_client_approval")
+    permit(principal, action == Toolgate::Action::"testkit.fail", resource);
+    @id("no-paris") forbid(principal, action == Toolgate::Action::"testkit.transfer", resource)
+        when { context.args.region == "eu-west-3" };
+"#;
+
+fn resume_request(
+    h: &Harness,
+    run: &RunId,
+    invocation: &str,
+    decision: crate::ResumeDecision,
+    who: &str,
+) -> crate::ResumeRequest {
+    crate::ResumeRequest {
+        tenant: h.tenant.clone(),
+        approver: who.to_owned(),
+        run: run.to_string(),
+        invocation: invocation.to_owned(),
+        decision,
+        reason: "checked with the customer".to_owned(),
+    }
+}
+
+async fn suspended(h: &Harness, run: &RunId, arguments: &str) -> String {
+    let outcome = h.call(run, "testkit.transfer", arguments).await;
+    assert_eq!(
+        outcome.status,
+        ToolCallStatus::WaitingApproval,
+        "{outcome:?}"
+    );
+    outcome.pending_invocation_id.unwrap()
+}
+
+#[tokio::test]
+async fn of_concurrent_approvals_exactly_one_executes() {
+    let h = Arc::new(harness().await);
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let pending = suspended(
+        &h,
+        &run,
+        r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#,
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let h = Arc::clone(&h);
+        let request = resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            &format!("approver-{i}"),
+        );
+        tasks.push(tokio::spawn(async move {
+            h.engine.resume(request).await.unwrap()
+        }));
+    }
+    let (mut executed, mut lost) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            crate::ResumeOutcome::Executed(outcome) => {
+                assert_eq!(outcome.status, ToolCallStatus::Succeeded, "{outcome:?}");
+                executed += 1;
+            }
+            crate::ResumeOutcome::ClaimLost => lost += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((executed, lost), (1, 9));
+    let kinds = h.event_kinds().await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "tool_call.succeeded").count(),
+        1,
+        "executed once"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "tool_call.approved").count(),
+        1
+    );
+    let run_after = h.engine.get_run(&h.tenant, &run).await.unwrap();
+    assert_eq!(
+        (run_after.pending_approvals, run_after.status),
+        (0, RunStatus::Active)
+    );
+    assert!(
+        h.store
+            .verify_chains()
+            .await
+            .unwrap()
+            .first_problem
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_rejection_ends_the_call_and_later_decisions_lose() {
+    let h = harness().await;
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let pending = suspended(
+        &h,
+        &run,
+        r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#,
+    )
+    .await;
+    let rejected = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Reject,
+            "alice",
+        ))
+        .await
+        .unwrap();
+    let crate::ResumeOutcome::Rejected {
+        tool_call_id,
+        expired: false,
+    } = rejected
+    else {
+        panic!("{rejected:?}");
+    };
+    let row = h
+        .store
+        .get_tool_call(&h.tenant, &tool_call_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.status, row.error_code),
+        (ToolCallStatus::Blocked, Some(ErrorCode::ExpertRejected))
+    );
+    let again = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            "bob",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(again, crate::ResumeOutcome::ClaimLost);
+    let other_run = h.run(None).await;
+    let wrong_run = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &other_run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            "bob",
+        ))
+        .await;
+    assert!(matches!(wrong_run, Err(EngineError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn an_expired_invocation_resolves_as_rejected() {
+    let config = EngineConfig {
+        pending_expiry: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = harness_with(config, None).await;
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let pending = suspended(
+        &h,
+        &run,
+        r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#,
+    )
+    .await;
+    let outcome = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            "alice",
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            crate::ResumeOutcome::Rejected { expired: true, .. }
+        ),
+        "{outcome:?}"
+    );
+    assert!(
+        h.event_kinds()
+            .await
+            .contains(&"tool_call.rejected".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_failed_approved_execution_asks_again() {
+    let h = harness().await;
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let first = h
+        .call(&run, "testkit.fail", r#"{"code": "VENDOR_ERROR"}"#)
+        .await;
+    assert_eq!(first.status, ToolCallStatus::WaitingApproval);
+    let pending = first.pending_invocation_id.unwrap();
+    let outcome = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            "alice",
+        ))
+        .await
+        .unwrap();
+    let crate::ResumeOutcome::Executed(executed) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(executed.error_code(), Some(ErrorCode::VendorError));
+    let open = h
+        .store
+        .list_pending(&h.tenant, &toolgate_ledger::PendingFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        open[0].origin,
+        toolgate_ledger::PendingOrigin::ExecutionFailed
+    );
+    assert_ne!(open[0].id, pending);
+    // The operator's further decision: reject it, which closes the run's last open approval.
+    let rejected = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &open[0].id,
+            crate::ResumeDecision::Reject,
+            "bob",
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(rejected, crate::ResumeOutcome::Rejected { .. }));
+    assert_eq!(
+        h.engine
+            .get_run(&h.tenant, &run)
+            .await
+            .unwrap()
+            .pending_approvals,
+        0
+    );
+}
+
+#[tokio::test]
+async fn approving_a_policy_denial_is_refused_and_the_row_stays() {
+    let h = harness().await;
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let blocked = h
+        .call(
+            &run,
+            "testkit.transfer",
+            r#"{"amount": 5, "region": "eu-west-3", "account": "a"}"#,
+        )
+        .await;
+    assert_eq!(blocked.error_code(), Some(ErrorCode::PolicyBlocked));
+    let pending = blocked.pending_invocation_id.expect("a POLICY_DENIED row");
+    let refused = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            "alice",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(refused, crate::ResumeOutcome::PolicyDenialTerminal);
+    assert!(
+        h.event_kinds()
+            .await
+            .contains(&"tool_call.override_rejected".to_owned())
+    );
+    let row = h
+        .store
+        .get_pending(&h.tenant, &pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.state,
+        toolgate_ledger::PendingState::Pending,
+        "the row stays"
+    );
+    let rejected = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Reject,
+            "alice",
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(rejected, crate::ResumeOutcome::Rejected { .. }));
+    let after = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            crate::ResumeDecision::Approve,
+            "bob",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(after, crate::ResumeOutcome::ClaimLost);
+}

@@ -535,3 +535,43 @@ pub struct CredentialRecord {
     /// Last changed.
     pub updated_at: Timestamp,
 }
+
+/// Which pending invocations to list.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PendingFilter {
+    /// Only this run's.
+    pub run: Option<RunId>,
+    /// Only this tool's.
+    pub tool: Option<ToolName>,
+    /// Only this origin's.
+    pub origin: Option<PendingOrigin>,
+}
+
+/// A human decision on a pending invocation, applied only if the row is still pending at the
+/// version the decider observed (the claim).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvePending {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The pending invocation.
+    pub id: String,
+    /// The row version the decider read; the claim fails if it moved.
+    pub observed_version: i64,
+    /// `Approved` or `Rejected`.
+    pub state: PendingState,
+    /// The approver's identity (token id and label).
+    pub decided_by: String,
+    /// The approver's reason, redacted.
+    pub reason: String,
+    /// When.
+    pub at: Timestamp,
+    /// The call's new status: `running` when approved (it executes next), `blocked` when
+    /// rejected.
+    pub call_status: ToolCallStatus,
+    /// The call's error code when rejected.
+    pub error_code: Option<ErrorCode>,
+    /// The call's error text when rejected.
+    pub error_text: Option<String>,
+    /// Audit events appended with the claim.
+    pub events: Vec<NewAuditEvent>,
+}

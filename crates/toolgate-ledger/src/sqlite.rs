@@ -39,11 +39,11 @@ use toolgate_core::{
 use crate::error::LedgerError;
 use crate::model::{
     Agent, AuditEvent, CredentialKind, CredentialRecord, FinishCall, NewAuditEvent, NewCall,
-    Permission, PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
-    VerifyReport,
+    PendingFilter, PendingInvocation, PendingOrigin, PendingState, Permission, PolicySetRecord,
+    RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
 };
 use crate::sqlite::ops::{
-    Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp,
+    Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply, WriteOp,
 };
 use crate::sqlite::rows::{
     agent_from_row, call_columns, call_from_row, event_columns, event_from_row, manifest_json,
@@ -52,6 +52,14 @@ use crate::sqlite::rows::{
 };
 use crate::sqlite::writer::{Counters, Writer};
 use crate::store::Store;
+
+/// The columns [`pending_from_row`] reads, in order.
+macro_rules! pending_columns {
+    () => {
+        "id, tenant, run, tool_call_id, tool, arguments, args_hash, manifest, policy_version, \
+         origin, decision, state, version, expires_at, created_at"
+    };
+}
 
 /// The columns [`credential_from_row`] reads, in order.
 macro_rules! credential_columns {
@@ -426,6 +434,74 @@ impl Store for SqliteStore {
         row.as_ref().map(call_from_row).transpose()
     }
 
+    async fn list_pending(
+        &self,
+        tenant: &TenantId,
+        filter: &PendingFilter,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE tenant = ? AND state = 'pending' \
+              AND (?2 IS NULL OR run = ?2) AND (?3 IS NULL OR tool = ?3) \
+              AND (?4 IS NULL OR origin = ?4) ORDER BY created_at, id LIMIT ?5"
+        ))
+        .bind(tenant.as_str())
+        .bind(filter.run.as_ref().map(|run| run.as_str().to_owned()))
+        .bind(filter.tool.as_ref().map(|tool| tool.as_str().to_owned()))
+        .bind(filter.origin.map(|origin| origin.as_str()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn get_pending(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<PendingInvocation>, LedgerError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE tenant = ? AND id = ?"
+        ))
+        .bind(tenant.as_str())
+        .bind(id.to_owned())
+        .fetch_optional(&self.read)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(pending_from_row).transpose()
+    }
+
+    async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
+        let events = resolution
+            .events
+            .iter()
+            .cloned()
+            .map(PreparedEvent::new)
+            .collect();
+        self.submit(OpKind::ResolvePending(Box::new((resolution, events))))
+            .await?
+            .finished()
+    }
+
+    async fn add_pending(
+        &self,
+        pending: PendingInvocation,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<(), LedgerError> {
+        let events = events.into_iter().map(PreparedEvent::new).collect();
+        self.submit(OpKind::AddPending(Box::new((
+            PreparedPending::new(pending),
+            events,
+        ))))
+        .await?
+        .done()
+    }
+
     async fn put_credential(&self, credential: CredentialRecord) -> Result<(), LedgerError> {
         self.submit(OpKind::PutCredential(Box::new(credential)))
             .await?
@@ -676,5 +752,55 @@ fn credential_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<CredentialRecord
         created_by: get_text("created_by")?,
         created_at: Timestamp(created_at),
         updated_at: Timestamp(updated_at),
+    })
+}
+
+fn pending_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingInvocation, LedgerError> {
+    use sqlx::Row as _;
+    let corrupt = |what: String| LedgerError::Corrupt(format!("pending_invocations: {what}"));
+    let text = |column: &str| -> Result<String, LedgerError> {
+        row.try_get::<String, _>(column)
+            .map_err(|e| corrupt(format!("{column}: {e}")))
+    };
+    let number = |column: &str| -> Result<i64, LedgerError> {
+        row.try_get::<i64, _>(column)
+            .map_err(|e| corrupt(format!("{column}: {e}")))
+    };
+    let arguments: Option<String> = row
+        .try_get("arguments")
+        .map_err(|e| corrupt(format!("arguments: {e}")))?;
+    let arguments = match arguments {
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| corrupt(format!("arguments: {e}")))?
+        }
+        None => serde_json::Value::Null,
+    };
+    let manifest: Vec<String> =
+        serde_json::from_str(&text("manifest")?).map_err(|e| corrupt(format!("manifest: {e}")))?;
+    let manifest = manifest
+        .into_iter()
+        .map(|name| ToolName::new(name).map_err(|e| corrupt(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let origin_text = text("origin")?;
+    let state_text = text("state")?;
+    let decision_text = text("decision")?;
+    Ok(PendingInvocation {
+        id: text("id")?,
+        tenant: TenantId::new(text("tenant")?).map_err(|e| corrupt(e.to_string()))?,
+        run: RunId::new(text("run")?).map_err(|e| corrupt(e.to_string()))?,
+        tool_call_id: ToolCallId::new(text("tool_call_id")?).map_err(|e| corrupt(e.to_string()))?,
+        tool: ToolName::new(text("tool")?).map_err(|e| corrupt(e.to_string()))?,
+        arguments,
+        args_hash: text("args_hash")?,
+        manifest,
+        policy_version: number("policy_version")?,
+        origin: PendingOrigin::parse(&origin_text)
+            .ok_or_else(|| corrupt(format!("origin `{origin_text}`")))?,
+        decision: decision_text.parse().map_err(corrupt)?,
+        state: PendingState::parse(&state_text)
+            .ok_or_else(|| corrupt(format!("state `{state_text}`")))?,
+        version: number("version")?,
+        expires_at: Timestamp(number("expires_at")?),
+        created_at: Timestamp(number("created_at")?),
     })
 }

@@ -10,6 +10,7 @@ use crate::model::{
     Agent, AuditEvent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, Permission,
     PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
 };
+use crate::model::{PendingFilter, PendingInvocation, ResolvePending};
 
 /// Durable state of the gateway. Every write is committed (fsync'd) before the call returns;
 /// implementations may batch concurrent writes into one transaction (group commit) but never
@@ -125,6 +126,34 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Calls of every tenant still `running`, oldest first: after a crash, the calls it
     /// interrupted (only one process may own a store, so none of them is still in flight).
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError>;
+
+    // --- approvals ---------------------------------------------------------------------
+
+    /// A tenant's pending invocations still awaiting a decision, oldest first.
+    async fn list_pending(
+        &self,
+        tenant: &TenantId,
+        filter: &PendingFilter,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError>;
+    /// One pending invocation of a tenant, in whatever state.
+    async fn get_pending(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<PendingInvocation>, LedgerError>;
+    /// Claims a pending invocation for a decision: one conditional update on the observed
+    /// version, then (only if it changed the row) the call's status, the run's pending count
+    /// and the audit events, atomically. Returns false, writing nothing, when the row is no
+    /// longer pending at that version (another decision won).
+    async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError>;
+    /// Adds a pending invocation for an existing call (e.g. after an approved execution
+    /// failed), raising the run's pending count, with its audit events.
+    async fn add_pending(
+        &self,
+        pending: PendingInvocation,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<(), LedgerError>;
 
     // --- credentials -------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ use toolgate_core::{SecretName, TenantId, Timestamp};
 use crate::error::LedgerError;
 use crate::model::{
     Agent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, PendingInvocation, Permission,
-    PolicyDecisionRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    PolicyDecisionRecord, RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord,
+    ToolCallRecord,
 };
 use crate::sqlite::rows::manifest_json;
 
@@ -56,6 +57,8 @@ pub(super) enum OpKind {
     FinishCall(Box<PreparedFinish>),
     AppendEvents(Vec<PreparedEvent>),
     PutCredential(Box<CredentialRecord>),
+    ResolvePending(Box<(ResolvePending, Vec<PreparedEvent>)>),
+    AddPending(Box<(PreparedPending, Vec<PreparedEvent>)>),
     DeleteCredential {
         tenant: TenantId,
         name: SecretName,
@@ -181,6 +184,16 @@ impl PreparedCall {
                 record,
             }),
             events: events.into_iter().map(PreparedEvent::new).collect(),
+        }
+    }
+}
+
+impl PreparedPending {
+    pub(super) fn new(record: PendingInvocation) -> PreparedPending {
+        PreparedPending {
+            arguments: record.arguments.to_string(),
+            manifest: manifest_json(&record.manifest),
+            record,
         }
     }
 }

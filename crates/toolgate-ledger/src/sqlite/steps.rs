@@ -16,11 +16,14 @@ use toolgate_core::{ErrorCode, ToolCallStatus};
 
 use crate::chain::event_hash;
 use crate::error::LedgerError;
+use crate::model::ResolvePending;
 use crate::model::{
     Agent, CredentialRecord, Permission, RecordOutcome, RunRecord, Tenant, TokenRecord,
     ToolCallRecord,
 };
-use crate::sqlite::ops::{OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply};
+use crate::sqlite::ops::{
+    OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply,
+};
 use crate::sqlite::rows::{
     Fail, SqlFailure, call_columns, call_from_row, read_failure, write_failure,
 };
@@ -113,6 +116,16 @@ impl Steps<'_> {
                 Ok(Reply::Done)
             }
             OpKind::PutCredential(credential) => self.put_credential(credential).await,
+            OpKind::ResolvePending(resolution) => {
+                let (resolution, events) = resolution.as_ref();
+                self.resolve_pending(resolution, events)
+                    .await
+                    .map(Reply::Finished)
+            }
+            OpKind::AddPending(pending) => {
+                let (pending, events) = pending.as_ref();
+                self.add_pending(pending, events).await
+            }
             OpKind::DeleteCredential { tenant, name } => {
                 let delete =
                     sqlx::query("DELETE FROM tenant_tool_secrets WHERE tenant = ? AND name = ?")
@@ -160,6 +173,115 @@ impl Steps<'_> {
                 Ok(Reply::Finished(changed == 1))
             }
         }
+    }
+
+    /// The claim: the conditional UPDATE is the check, so of concurrent decisions on one row
+    /// exactly one changes it; the others write nothing.
+    async fn resolve_pending(
+        &mut self,
+        resolution: &ResolvePending,
+        events: &[PreparedEvent],
+    ) -> Result<bool, Fail> {
+        let claim = sqlx::query(
+            "UPDATE pending_invocations SET state = ?, version = version + 1, decided_by = ?, \
+             reason = ?, decided_at = ?, arguments = NULL \
+             WHERE id = ? AND tenant = ? AND version = ? AND state = 'pending' \
+             RETURNING tool_call_id, run",
+        )
+        .bind(resolution.state.as_str())
+        .bind(resolution.decided_by.clone())
+        .bind(resolution.reason.clone())
+        .bind(resolution.at.0)
+        .bind(resolution.id.clone())
+        .bind(resolution.tenant.as_str().to_owned())
+        .bind(resolution.observed_version);
+        let Some(row) = claim
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(|error| {
+                write_failure(
+                    &error,
+                    || format!("pending invocation {}", resolution.id),
+                    || LedgerError::Database("unexpected foreign key failure".into()),
+                )
+            })?
+        else {
+            return Ok(false);
+        };
+        let tool_call_id: String = row.try_get("tool_call_id").map_err(read_failure)?;
+        let run: String = row.try_get("run").map_err(read_failure)?;
+        let update_call = sqlx::query(
+            "UPDATE tool_calls SET status = ?, error_code = ?, error_text = ?, updated_at = ? \
+             WHERE id = ? AND tenant = ?",
+        )
+        .bind(resolution.call_status.as_str())
+        .bind(resolution.error_code.map(|code| code.as_str()))
+        .bind(resolution.error_text.clone())
+        .bind(resolution.at.0)
+        .bind(tool_call_id)
+        .bind(resolution.tenant.as_str().to_owned());
+        self.write(update_call).await.map_err(|error| {
+            write_failure(
+                &error,
+                || "tool call".into(),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )
+        })?;
+        let update_run = sqlx::query(
+            "UPDATE runs SET pending_approvals = MAX(pending_approvals - 1, 0), \
+             status = CASE WHEN pending_approvals <= 1 AND status = 'waiting_approval' THEN 'active' ELSE status END \
+             WHERE tenant = ? AND id = ?",
+        )
+        .bind(resolution.tenant.as_str().to_owned())
+        .bind(run);
+        self.write(update_run).await.map_err(|error| {
+            write_failure(
+                &error,
+                || "run".into(),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )
+        })?;
+        for event in events {
+            self.append(event).await?;
+        }
+        Ok(true)
+    }
+
+    async fn add_pending(
+        &mut self,
+        pending: &PreparedPending,
+        events: &[PreparedEvent],
+    ) -> Result<Reply, Fail> {
+        let insert = bind_pending(sqlx::query(INSERT_PENDING), pending);
+        self.write(insert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("pending invocation {}", pending.record.id),
+                || {
+                    LedgerError::NotFound(format!(
+                        "run {} or tool call {}",
+                        pending.record.run, pending.record.tool_call_id
+                    ))
+                },
+            )
+        })?;
+        let update_run = sqlx::query(
+            "UPDATE runs SET pending_approvals = pending_approvals + 1, status = 'waiting_approval' \
+             WHERE tenant = ? AND id = ?",
+        )
+        .bind(pending.record.tenant.as_str().to_owned())
+        .bind(pending.record.run.as_str().to_owned());
+        self.write(update_run).await.map_err(|error| {
+            write_failure(
+                &error,
+                || "run".into(),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )
+        })?;
+        for event in events {
+            self.append(event).await?;
+        }
+        Ok(Reply::Done)
     }
 
     async fn put_credential(&mut self, credential: &CredentialRecord) -> Result<Reply, Fail> {

@@ -1544,3 +1544,123 @@ async fn credentials_are_stored_listed_replaced_and_deleted() {
     ));
     assert!(store.get_credential(&acme, &name).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn of_concurrent_decisions_on_one_pending_row_exactly_one_claims_it() {
+    use crate::model::{PendingFilter, ResolvePending};
+    let db = std::sync::Arc::new(seeded(10).await);
+    let mut suspended = new_call("acme", "run-1", "call-p", Some("use-p"));
+    suspended.call.status = ToolCallStatus::WaitingApproval;
+    suspended.pending = Some(pending("acme", "call-p"));
+    assert_eq!(
+        db.store.record_call(suspended).await.unwrap(),
+        RecordOutcome::Recorded
+    );
+    let acme = tenant_id("acme");
+    let listed = db
+        .store
+        .list_pending(&acme, &PendingFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].arguments,
+        json!({ "channel": "#ops", "text": "deploy" })
+    );
+    let filtered = PendingFilter {
+        run: Some(run_id("other")),
+        ..PendingFilter::default()
+    };
+    assert!(
+        db.store
+            .list_pending(&acme, &filtered, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let observed = listed[0].version;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let db = std::sync::Arc::clone(&db);
+        let acme = acme.clone();
+        tasks.push(tokio::spawn(async move {
+            let approve = i % 2 == 0;
+            db.store
+                .resolve_pending(ResolvePending {
+                    tenant: acme.clone(),
+                    id: "pend-call-p".into(),
+                    observed_version: observed,
+                    state: if approve {
+                        PendingState::Approved
+                    } else {
+                        PendingState::Rejected
+                    },
+                    decided_by: format!("approver-{i}"),
+                    reason: "looks fine".into(),
+                    at: T0,
+                    call_status: if approve {
+                        ToolCallStatus::Running
+                    } else {
+                        ToolCallStatus::Blocked
+                    },
+                    error_code: None,
+                    error_text: None,
+                    events: vec![event("acme", "tool_call.approved", "run-1", "call-p")],
+                })
+                .await
+                .unwrap()
+        }));
+    }
+    let mut claimed = 0;
+    for task in tasks {
+        if task.await.unwrap() {
+            claimed += 1;
+        }
+    }
+    assert_eq!(claimed, 1, "exactly one decision claims the row");
+    let row = db
+        .store
+        .get_pending(&acme, "pend-call-p")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(row.state, PendingState::Pending);
+    assert_eq!(row.version, observed + 1);
+    assert_eq!(
+        row.arguments,
+        serde_json::Value::Null,
+        "arguments are dropped once decided"
+    );
+    assert!(
+        db.store
+            .list_pending(&acme, &PendingFilter::default(), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let run = db
+        .store
+        .get_run(&acme, &run_id("run-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (run.pending_approvals, run.status),
+        (0, crate::model::RunStatus::Active)
+    );
+    let approvals = events_of(&db.store, "acme")
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "tool_call.approved")
+        .count();
+    assert_eq!(approvals, 1, "losers wrote no events");
+    assert!(
+        db.store
+            .verify_chains()
+            .await
+            .unwrap()
+            .first_problem
+            .is_none()
+    );
+}

@@ -373,6 +373,11 @@ impl Writer {
             OpKind::RecordCall(prepared) => self.record_call_in_one_trip(prepared).await?,
             OpKind::FinishCall(prepared) => self.finish_call_in_one_trip(prepared).await?,
             OpKind::AppendEvents(events) => self.append_events_in_one_trip(events).await?,
+            // Several statements and audit events: atomic in their own savepoint, with the
+            // chain heads they move recorded for the commit.
+            OpKind::ResolvePending(_) | OpKind::AddPending(_) => {
+                return self.step_by_step(op).await;
+            }
             // Every other operation is one write statement, atomic by itself.
             _ => {
                 let mut steps = self.steps();

@@ -1,0 +1,277 @@
+//! Resuming suspended calls: a human decision claims the pending invocation atomically (of
+//! concurrent decisions exactly one wins), then an approval executes the call once, without
+//! asking policy again but against the current tool configuration.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use toolgate_core::{Decision, ErrorCode, RunId, ToolCallStatus, ToolError};
+use toolgate_ledger::{
+    NewAuditEvent, PendingInvocation, PendingOrigin, PendingState, ResolvePending, ToolCallRecord,
+};
+
+use super::Engine;
+use crate::error::EngineError;
+use crate::outcome::{ResumeDecision, ResumeOutcome, ResumeRequest};
+
+impl Engine {
+    /// Applies a human decision to a pending invocation of `request.run`.
+    pub async fn resume(&self, request: ResumeRequest) -> Result<ResumeOutcome, EngineError> {
+        let run = RunId::new(request.run.clone())
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let pending = match self
+            .store
+            .get_pending(&request.tenant, &request.invocation)
+            .await?
+        {
+            Some(pending) if pending.run == run => pending,
+            _ => {
+                return Err(EngineError::NotFound(format!(
+                    "pending invocation `{}`",
+                    request.invocation
+                )));
+            }
+        };
+        if pending.state != PendingState::Pending {
+            return Ok(ResumeOutcome::ClaimLost);
+        }
+        let call = self
+            .store
+            .get_tool_call(&request.tenant, &pending.tool_call_id)
+            .await?
+            .ok_or_else(|| {
+                EngineError::NotFound(format!("tool call `{}`", pending.tool_call_id))
+            })?;
+        let reason = self
+            .redactor
+            .redact_output_text(&request.reason)
+            .into_owned();
+
+        if pending.expires_at <= self.clock.now() {
+            return self
+                .reject(
+                    &request,
+                    &pending,
+                    &call,
+                    "expired: nobody decided in time",
+                    true,
+                )
+                .await;
+        }
+        match (request.decision, pending.origin) {
+            (ResumeDecision::Reject, _) => {
+                self.reject(&request, &pending, &call, &reason, false).await
+            }
+            (ResumeDecision::Approve, PendingOrigin::PolicyDenied) => {
+                self.refuse_override(&request, &pending, &call).await
+            }
+            (
+                ResumeDecision::Approve,
+                PendingOrigin::ApprovalRequired | PendingOrigin::ExecutionFailed,
+            ) => self.approve(&request, pending, call, reason).await,
+        }
+    }
+
+    async fn reject(
+        &self,
+        request: &ResumeRequest,
+        pending: &PendingInvocation,
+        call: &ToolCallRecord,
+        reason: &str,
+        expired: bool,
+    ) -> Result<ResumeOutcome, EngineError> {
+        let code = if pending.decision == Decision::RequireClientApproval {
+            ErrorCode::ClientRejected
+        } else {
+            ErrorCode::ExpertRejected
+        };
+        let message = if expired {
+            "the approval request expired before anyone decided, so the call was not executed"
+                .to_owned()
+        } else {
+            format!("the call was rejected by an approver: {reason}")
+        };
+        let event = self.decision_event(
+            call,
+            "tool_call.rejected",
+            pending,
+            &request.approver,
+            reason,
+        );
+        let claimed = self
+            .store
+            .resolve_pending(ResolvePending {
+                tenant: request.tenant.clone(),
+                id: pending.id.clone(),
+                observed_version: pending.version,
+                state: PendingState::Rejected,
+                decided_by: request.approver.clone(),
+                reason: reason.to_owned(),
+                at: self.clock.now(),
+                call_status: ToolCallStatus::Blocked,
+                error_code: Some(code),
+                error_text: Some(message),
+                events: vec![event],
+            })
+            .await?;
+        if !claimed {
+            return Ok(ResumeOutcome::ClaimLost);
+        }
+        Ok(ResumeOutcome::Rejected {
+            tool_call_id: call.id.clone(),
+            expired,
+        })
+    }
+
+    /// Approve on a POLICY_DENIED row is refused; the row stays. The refusal is only given
+    /// (and audited) if the row is still the one observed: a concurrent Reject means ClaimLost.
+    async fn refuse_override(
+        &self,
+        request: &ResumeRequest,
+        pending: &PendingInvocation,
+        call: &ToolCallRecord,
+    ) -> Result<ResumeOutcome, EngineError> {
+        let current = self.store.get_pending(&request.tenant, &pending.id).await?;
+        let still_current = current.as_ref().is_some_and(|row| {
+            row.state == PendingState::Pending && row.version == pending.version
+        });
+        if !still_current {
+            return Ok(ResumeOutcome::ClaimLost);
+        }
+        let event = self.decision_event(
+            call,
+            "tool_call.override_rejected",
+            pending,
+            &request.approver,
+            "policy denial is terminal",
+        );
+        self.store.append_events(vec![event]).await?;
+        Ok(ResumeOutcome::PolicyDenialTerminal)
+    }
+
+    async fn approve(
+        &self,
+        request: &ResumeRequest,
+        pending: PendingInvocation,
+        call: ToolCallRecord,
+        reason: String,
+    ) -> Result<ResumeOutcome, EngineError> {
+        // Policy is not asked again (the human decision supersedes it), but the tool and the
+        // arguments must still be valid in the current configuration.
+        let resolved = self.catalog.registry().get(pending.tool.as_str());
+        let (spec, connector) = match resolved {
+            Ok((spec, connector)) => (Arc::clone(spec), Arc::clone(connector)),
+            Err(unknown) => {
+                let message = format!("cannot execute the approved call: {unknown}");
+                return self.reject(request, &pending, &call, &message, false).await;
+            }
+        };
+        if let Err(message) = self.catalog.validate(&pending.tool, &pending.arguments) {
+            let message = format!("cannot execute the approved call: {message}");
+            return self.reject(request, &pending, &call, &message, false).await;
+        }
+        let event = self.decision_event(
+            &call,
+            "tool_call.approved",
+            &pending,
+            &request.approver,
+            &reason,
+        );
+        let claimed = self
+            .store
+            .resolve_pending(ResolvePending {
+                tenant: request.tenant.clone(),
+                id: pending.id.clone(),
+                observed_version: pending.version,
+                state: PendingState::Approved,
+                decided_by: request.approver.clone(),
+                reason,
+                at: self.clock.now(),
+                call_status: ToolCallStatus::Running,
+                error_code: None,
+                error_text: None,
+                events: vec![event],
+            })
+            .await?;
+        if !claimed {
+            return Ok(ResumeOutcome::ClaimLost);
+        }
+        let timeout = spec.default_timeout.min(self.config.max_timeout);
+        let verdict = (pending.decision, call.risk_level.unwrap_or(spec.risk));
+        let outcome = self
+            .run_connector(
+                &call,
+                &spec,
+                connector,
+                pending.arguments.clone(),
+                timeout,
+                verdict,
+            )
+            .await?;
+        if outcome.status != ToolCallStatus::Succeeded {
+            self.repend_after_failure(&pending, &call, &outcome.error)
+                .await?;
+        }
+        Ok(ResumeOutcome::Executed(outcome))
+    }
+
+    /// An approved execution failed: a fresh pending row (origin EXECUTION_FAILED) gives an
+    /// operator a further decision point.
+    async fn repend_after_failure(
+        &self,
+        pending: &PendingInvocation,
+        call: &ToolCallRecord,
+        error: &Option<ToolError>,
+    ) -> Result<(), EngineError> {
+        let now = self.clock.now();
+        let fresh = PendingInvocation {
+            id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+            origin: PendingOrigin::ExecutionFailed,
+            state: PendingState::Pending,
+            version: 1,
+            created_at: now,
+            expires_at: now.plus_ms(
+                pending
+                    .expires_at
+                    .0
+                    .saturating_sub(pending.created_at.0)
+                    .max(1),
+            ),
+            ..pending.clone()
+        };
+        let event = NewAuditEvent {
+            tenant: call.tenant.clone(),
+            kind: "tool_call.approval_requested".into(),
+            run: Some(call.run.clone()),
+            tool_call_id: Some(call.id.clone()),
+            payload: json!({
+                "pending_invocation_id": fresh.id,
+                "origin": PendingOrigin::ExecutionFailed.as_str(),
+                "previous_error_code": error.as_ref().map(|e| e.code.as_str()),
+            }),
+            at: now,
+        };
+        self.store.add_pending(fresh, vec![event]).await?;
+        Ok(())
+    }
+
+    fn decision_event(
+        &self,
+        call: &ToolCallRecord,
+        kind: &str,
+        pending: &PendingInvocation,
+        approver: &str,
+        reason: &str,
+    ) -> NewAuditEvent {
+        self.event(
+            call,
+            kind,
+            json!({
+                "pending_invocation_id": pending.id,
+                "origin": pending.origin.as_str(),
+                "decided_by": approver,
+                "reason": reason,
+            }),
+        )
+    }
+}
