@@ -23,6 +23,8 @@ pub(crate) struct Caller {
     pub(crate) tenant: Option<TenantId>,
     /// The agent an agent token is bound to.
     pub(crate) agent: Option<AgentId>,
+    /// The token's label (who holds it).
+    pub(crate) label: String,
 }
 
 impl Caller {
@@ -138,6 +140,7 @@ impl Authenticator {
             role: record.role,
             tenant: record.tenant,
             agent: record.agent,
+            label: record.label,
         };
         let mut cache = self.cache.write().expect("token cache lock");
         if cache.len() >= CACHE_LIMIT {

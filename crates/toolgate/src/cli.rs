@@ -773,3 +773,122 @@ fn read_secret_value(file: Option<&std::path::Path>) -> anyhow::Result<String> {
     }
     Ok(trimmed.to_owned())
 }
+
+/// `toolgate approvals` subcommands (needs an approver token, from TOOLGATE_TOKEN or
+/// --token-file).
+#[derive(Debug, Subcommand)]
+pub(crate) enum ApprovalsCommand {
+    /// Invocations awaiting a decision.
+    List {
+        #[arg(long, default_value = "")]
+        run: String,
+        #[arg(long, default_value = "")]
+        tool: String,
+        /// APPROVAL_REQUIRED, POLICY_DENIED or EXECUTION_FAILED.
+        #[arg(long, default_value = "")]
+        origin: String,
+    },
+    /// One invocation.
+    Show { invocation_id: String },
+    /// Approves: the call executes once, and its outcome is printed.
+    Approve {
+        run_id: String,
+        invocation_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Rejects: the call ends without executing.
+    Reject {
+        run_id: String,
+        invocation_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+fn pending_json(p: &pb::PendingInvocation) -> Value {
+    json!({
+        "invocation_id": p.invocation_id, "run_id": p.run_id, "tool_call_id": p.tool_call_id,
+        "tool_name": p.tool_name,
+        "arguments": serde_json::from_str::<Value>(&p.arguments_json).unwrap_or(Value::Null),
+        "origin": p.origin, "decision": p.decision, "state": p.state, "version": p.version,
+        "expires_at_ms": p.expires_at_ms,
+    })
+}
+
+/// Runs an approvals subcommand.
+pub(crate) async fn approvals(
+    conn: Connection,
+    command: ApprovalsCommand,
+) -> anyhow::Result<ExitCode> {
+    use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
+    let (channel, header) = conn.channel().await?;
+    let mut client = ApprovalServiceClient::new(channel);
+    let h = &header;
+    let (run_id, invocation_id, reason, decision) = match command {
+        ApprovalsCommand::List { run, tool, origin } => {
+            let request = pb::ListPendingRequest {
+                run_id: run,
+                tool_name: tool,
+                origin,
+                page_size: 0,
+            };
+            let r = client.list_pending(authed(request, h)).await?.into_inner();
+            print_json(&json!(
+                r.invocations.iter().map(pending_json).collect::<Vec<_>>()
+            ));
+            return Ok(ExitCode::SUCCESS);
+        }
+        ApprovalsCommand::Show { invocation_id } => {
+            let p = client
+                .get_pending(authed(pb::GetPendingRequest { invocation_id }, h))
+                .await?
+                .into_inner();
+            print_json(&pending_json(&p));
+            return Ok(ExitCode::SUCCESS);
+        }
+        ApprovalsCommand::Approve {
+            run_id,
+            invocation_id,
+            reason,
+        } => (run_id, invocation_id, reason, pb::ResumeDecision::Approve),
+        ApprovalsCommand::Reject {
+            run_id,
+            invocation_id,
+            reason,
+        } => (run_id, invocation_id, reason, pb::ResumeDecision::Reject),
+    };
+    let request = pb::ResumeRequest {
+        run_id,
+        invocation_id,
+        decision: decision.into(),
+        reason,
+    };
+    let r = client.resume(authed(request, h)).await?.into_inner();
+    let outcome = pb::ResumeOutcome::try_from(r.outcome)
+        .map(|o| {
+            o.as_str_name()
+                .trim_start_matches("RESUME_OUTCOME_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| r.outcome.to_string());
+    let result = r.result.map(|result| {
+        json!({
+            "status": pb::ToolCallStatus::try_from(result.status)
+                .map(|s| s.as_str_name().trim_start_matches("TOOL_CALL_STATUS_").to_lowercase())
+                .unwrap_or_default(),
+            "result": serde_json::from_str::<Value>(&result.result_json).unwrap_or(Value::Null),
+            "error_code": result.error_code,
+            "error_message": result.error_message,
+        })
+    });
+    let settled = matches!(outcome.as_str(), "executed" | "rejected");
+    print_json(
+        &json!({"outcome": outcome, "tool_call_id": r.tool_call_id, "expired": r.expired, "result": result}),
+    );
+    Ok(if settled {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}

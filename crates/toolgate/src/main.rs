@@ -1,5 +1,6 @@
 //! The `toolgate` binary: the gateway server and its command-line client.
 
+mod approvals;
 mod auth;
 mod cli;
 mod config;
@@ -42,6 +43,13 @@ enum Command {
         conn: cli::Connection,
         #[command(subcommand)]
         command: cli::AdminCommand,
+    },
+    /// Pending invocations: list, show, approve, reject (needs an approver token).
+    Approvals {
+        #[command(flatten)]
+        conn: cli::Connection,
+        #[command(subcommand)]
+        command: cli::ApprovalsCommand,
     },
     /// Tenant credentials and master keys on a running gateway (needs an admin token).
     Secrets {
@@ -109,6 +117,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Admin { conn, command } => cli::admin(conn, command).await,
         Command::Secrets { conn, command } => cli::secrets(conn, command).await,
+        Command::Approvals { conn, command } => cli::approvals(conn, command).await,
         Command::Call(args) => cli::call(args).await,
         Command::Tools { json } => cli::tools(json),
         Command::Ledger { command } => cli::ledger(command).await,

@@ -12,9 +12,11 @@ use toolgate_engine::{Catalog, Engine};
 use toolgate_ledger::{Role, SqliteStore, Store};
 use toolgate_proto::v1::admin_service_server::AdminServiceServer;
 use toolgate_proto::v1::agent_service_server::AgentServiceServer;
+use toolgate_proto::v1::approval_service_server::ApprovalServiceServer;
 use toolgate_secrets::{ProcessEnvironment, Vault};
 use tracing::{info, warn};
 
+use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
 use crate::config::Config;
 use crate::keys;
@@ -133,6 +135,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     health_reporter
         .set_serving::<AdminServiceServer<AdminApi>>()
         .await;
+    health_reporter
+        .set_serving::<ApprovalServiceServer<ApprovalApi>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(toolgate_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -145,6 +150,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(AgentServiceServer::new(AgentApi(shared.clone())))
+        .add_service(ApprovalServiceServer::new(ApprovalApi(shared.clone())))
         .add_service(AdminServiceServer::new(AdminApi(shared)))
         .serve_with_incoming_shutdown(incoming, shutdown_signal())
         .await?;

@@ -1,0 +1,176 @@
+//! The approval service: approvers list, inspect and decide pending invocations of their own
+//! tenant. Identity comes from the approver token and is recorded with every decision.
+
+use tonic::{Request, Response, Status};
+use toolgate_core::{RunId, ToolName};
+use toolgate_engine::{ResumeDecision, ResumeOutcome, ResumeRequest};
+use toolgate_ledger::{PendingFilter, PendingInvocation, PendingOrigin, Role};
+use toolgate_proto::v1 as pb;
+use toolgate_proto::v1::approval_service_server::ApprovalService;
+
+use crate::convert::{self, ledger_status, parse_id, status};
+use crate::services::Shared;
+
+/// The approver-facing service.
+#[derive(Debug, Clone)]
+pub(crate) struct ApprovalApi(pub(crate) Shared);
+
+#[tonic::async_trait]
+impl ApprovalService for ApprovalApi {
+    async fn list_pending(
+        &self,
+        request: Request<pb::ListPendingRequest>,
+    ) -> Result<Response<pb::ListPendingResponse>, Status> {
+        let caller = self.0.auth.require(&request, Role::Approver).await?;
+        let tenant = caller.tenant()?.clone();
+        let body = request.into_inner();
+        let filter = PendingFilter {
+            run: optional(&body.run_id, |v| parse_id("run_id", v, RunId::new))?,
+            tool: optional(&body.tool_name, |v| parse_id("tool_name", v, ToolName::new))?,
+            origin: optional(&body.origin, |v| {
+                PendingOrigin::parse(v).ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "origin: `{v}` is not one of APPROVAL_REQUIRED, POLICY_DENIED, EXECUTION_FAILED"
+                    ))
+                })
+            })?,
+        };
+        let limit = match body.page_size {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let rows = self
+            .0
+            .engine
+            .store()
+            .list_pending(&tenant, &filter, limit)
+            .await
+            .map_err(ledger_status)?;
+        Ok(Response::new(pb::ListPendingResponse {
+            invocations: rows.iter().map(|row| self.pending(row)).collect(),
+        }))
+    }
+
+    async fn get_pending(
+        &self,
+        request: Request<pb::GetPendingRequest>,
+    ) -> Result<Response<pb::PendingInvocation>, Status> {
+        let caller = self.0.auth.require(&request, Role::Approver).await?;
+        let tenant = caller.tenant()?.clone();
+        let id = request.into_inner().invocation_id;
+        let row = self
+            .0
+            .engine
+            .store()
+            .get_pending(&tenant, &id)
+            .await
+            .map_err(ledger_status)?
+            .ok_or_else(|| Status::not_found(format!("pending invocation `{id}` not found")))?;
+        Ok(Response::new(self.pending(&row)))
+    }
+
+    async fn resume(
+        &self,
+        request: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::ResumeResponse>, Status> {
+        let caller = self.0.auth.require(&request, Role::Approver).await?;
+        let tenant = caller.tenant()?.clone();
+        let approver = if caller.label.is_empty() {
+            caller.token_id.clone()
+        } else {
+            format!("{} ({})", caller.label, caller.token_id)
+        };
+        let body = request.into_inner();
+        let decision = match pb::ResumeDecision::try_from(body.decision) {
+            Ok(pb::ResumeDecision::Approve) => ResumeDecision::Approve,
+            Ok(pb::ResumeDecision::Reject) => ResumeDecision::Reject,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "decision: must be APPROVE or REJECT",
+                ));
+            }
+        };
+        let outcome = self
+            .0
+            .engine
+            .resume(ResumeRequest {
+                tenant,
+                approver,
+                run: body.run_id,
+                invocation: body.invocation_id,
+                decision,
+                reason: body.reason,
+            })
+            .await
+            .map_err(status)?;
+        let response = match outcome {
+            ResumeOutcome::Executed(outcome) => {
+                let tool_call_id = outcome
+                    .tool_call_id
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                pb::ResumeResponse {
+                    outcome: pb::ResumeOutcome::Executed.into(),
+                    result: Some(convert::outcome(outcome)),
+                    tool_call_id,
+                    expired: false,
+                }
+            }
+            ResumeOutcome::Rejected {
+                tool_call_id,
+                expired,
+            } => pb::ResumeResponse {
+                outcome: pb::ResumeOutcome::Rejected.into(),
+                result: None,
+                tool_call_id: tool_call_id.to_string(),
+                expired,
+            },
+            ResumeOutcome::ClaimLost => pb::ResumeResponse {
+                outcome: pb::ResumeOutcome::ClaimLost.into(),
+                ..Default::default()
+            },
+            ResumeOutcome::PolicyDenialTerminal => pb::ResumeResponse {
+                outcome: pb::ResumeOutcome::PolicyDenialTerminal.into(),
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(response))
+    }
+}
+
+impl ApprovalApi {
+    fn pending(&self, row: &PendingInvocation) -> pb::PendingInvocation {
+        pb::PendingInvocation {
+            invocation_id: row.id.clone(),
+            run_id: row.run.to_string(),
+            tool_call_id: row.tool_call_id.to_string(),
+            tool_name: row.tool.to_string(),
+            arguments_json: self
+                .0
+                .engine
+                .redactor()
+                .redact_json(&row.arguments)
+                .to_string(),
+            args_hash: row.args_hash.clone(),
+            origin: row.origin.as_str().to_owned(),
+            decision: row.decision.as_str().to_owned(),
+            state: row.state.as_str().to_owned(),
+            version: row.version,
+            policy_version: row.policy_version,
+            expires_at_ms: row.expires_at.0,
+            created_at_ms: row.created_at.0,
+        }
+    }
+}
+
+fn optional<T>(
+    value: &str,
+    parse: impl FnOnce(&str) -> Result<T, Status>,
+) -> Result<Option<T>, Status> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        parse(value).map(Some)
+    }
+}
