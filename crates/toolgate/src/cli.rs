@@ -549,7 +549,7 @@ pub(crate) async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs `toolgate tools`.
 pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
-    let registry = crate::server::build_registry(&[])?;
+    let registry = crate::server::build_registry(&[], &crate::config::SlackSettings::default())?;
     let catalog = Catalog::new(registry)?;
     let definitions: Vec<Value> = catalog
         .registry()

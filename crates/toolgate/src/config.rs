@@ -30,6 +30,20 @@ pub(crate) struct Config {
     pub(crate) master_keys: Option<String>,
     /// Engine settings.
     pub(crate) engine: EngineConfig,
+    /// The Slack connector's settings (`[connectors.slack]`).
+    pub(crate) slack: SlackSettings,
+}
+
+/// `[connectors.slack]`: where the Slack connector sends requests. Kept here, independent of
+/// the connector crate, so the table parses the same in builds without the `slack` feature.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SlackSettings {
+    /// The Web API base; `None` keeps the connector's default (`https://slack.com/api`).
+    pub(crate) api_base_url: Option<String>,
+    /// Hosts exempt from the SSRF guard's address check (e.g. `127.0.0.1` in tests).
+    pub(crate) allow_hosts: Vec<String>,
+    /// Hosts incoming-webhook URLs may point at; `None` keeps `hooks.slack.com`.
+    pub(crate) webhook_hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -88,6 +102,16 @@ struct RawEngine {
 #[serde(deny_unknown_fields)]
 struct RawConnectors {
     disabled: Option<Vec<String>>,
+    #[serde(default)]
+    slack: RawSlack,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSlack {
+    api_base_url: Option<String>,
+    allow_hosts: Option<Vec<String>>,
+    webhook_hosts: Option<Vec<String>>,
 }
 
 /// The environment variables read, each naming the config key it overrides.
@@ -255,6 +279,24 @@ impl Config {
         if engine.max_argument_bytes == 0 || engine.max_argument_bytes > 64 * 1024 * 1024 {
             return Err("engine.max_argument_bytes must be between 1 and 67108864".to_owned());
         }
+        let slack = SlackSettings {
+            api_base_url: raw.connectors.slack.api_base_url,
+            allow_hosts: raw.connectors.slack.allow_hosts.unwrap_or_default(),
+            webhook_hosts: raw.connectors.slack.webhook_hosts,
+        };
+        if let Some(base) = &slack.api_base_url
+            && !(base.starts_with("https://") || base.starts_with("http://"))
+        {
+            return Err(format!(
+                "connectors.slack.api_base_url must be an http(s) URL such as https://slack.com/api, got `{base}`"
+            ));
+        }
+        if slack.webhook_hosts.as_ref().is_some_and(Vec::is_empty) {
+            return Err(
+                "connectors.slack.webhook_hosts is empty; leave it out for hooks.slack.com"
+                    .to_owned(),
+            );
+        }
         Ok(Config {
             listen,
             database: PathBuf::from(database),
@@ -271,6 +313,7 @@ impl Config {
             ),
             master_keys: env.get("TOOLGATE_MASTER_KEYS").cloned(),
             engine,
+            slack,
         })
     }
 }
@@ -328,11 +371,40 @@ mod tests {
                 &[],
                 "storage.database",
             ),
+            ("[connectors.slack]\ntoken = \"x\"", &[], "token"),
+            (
+                "[connectors.slack]\napi_base_url = \"slack.com\"",
+                &[],
+                "connectors.slack.api_base_url",
+            ),
+            (
+                "[connectors.slack]\nwebhook_hosts = []",
+                &[],
+                "connectors.slack.webhook_hosts",
+            ),
         ];
         for (text, pairs, key) in cases {
             let err = load(text, pairs).unwrap_err();
             assert!(err.contains(key), "{text:?} {pairs:?}: {err}");
         }
+    }
+
+    #[test]
+    fn slack_settings_are_read() {
+        let config = load(
+            "[connectors.slack]\napi_base_url = \"http://127.0.0.1:9/api\"\nallow_hosts = [\"127.0.0.1\"]\nwebhook_hosts = [\"127.0.0.1\"]",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.slack,
+            SlackSettings {
+                api_base_url: Some("http://127.0.0.1:9/api".into()),
+                allow_hosts: vec!["127.0.0.1".into()],
+                webhook_hosts: Some(vec!["127.0.0.1".into()]),
+            }
+        );
+        assert_eq!(load("", &[]).unwrap().slack, SlackSettings::default());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
-use crate::config::Config;
+use crate::config::{Config, SlackSettings};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
 
@@ -26,10 +26,45 @@ use crate::services::{AdminApi, AgentApi, Shared};
 const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
 
 /// The connectors compiled into this build, in registration order.
-pub(crate) fn compiled_connectors() -> Vec<Arc<dyn Connector>> {
+pub(crate) fn compiled_connectors(
+    slack: &SlackSettings,
+) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
     let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
+    add_slack(&mut connectors, slack)?;
     add_testkit(&mut connectors);
-    connectors
+    Ok(connectors)
+}
+
+#[cfg(feature = "slack")]
+fn add_slack(
+    connectors: &mut Vec<Arc<dyn Connector>>,
+    settings: &SlackSettings,
+) -> anyhow::Result<()> {
+    let defaults = toolgate_slack::SlackConfig::default();
+    let config = toolgate_slack::SlackConfig {
+        api_base_url: settings
+            .api_base_url
+            .clone()
+            .unwrap_or(defaults.api_base_url.clone()),
+        allow_hosts: settings.allow_hosts.clone(),
+        webhook_hosts: settings
+            .webhook_hosts
+            .clone()
+            .unwrap_or(defaults.webhook_hosts.clone()),
+        ..defaults
+    };
+    let connector = toolgate_slack::SlackConnector::new(config)
+        .context("connectors.slack in the configuration")?;
+    connectors.push(Arc::new(connector));
+    Ok(())
+}
+
+#[cfg(not(feature = "slack"))]
+fn add_slack(
+    _connectors: &mut Vec<Arc<dyn Connector>>,
+    _settings: &SlackSettings,
+) -> anyhow::Result<()> {
+    Ok(())
 }
 
 #[cfg(feature = "testkit")]
@@ -41,8 +76,11 @@ fn add_testkit(connectors: &mut Vec<Arc<dyn Connector>>) {
 fn add_testkit(_connectors: &mut Vec<Arc<dyn Connector>>) {}
 
 /// Registers every compiled connector except the disabled families.
-pub(crate) fn build_registry(disabled: &[String]) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors();
+pub(crate) fn build_registry(
+    disabled: &[String],
+    slack: &SlackSettings,
+) -> anyhow::Result<ToolRegistry> {
+    let connectors = compiled_connectors(slack)?;
     for family in disabled {
         if !connectors.iter().any(|c| c.family() == family) {
             let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
@@ -70,7 +108,7 @@ pub(crate) fn build_registry(disabled: &[String]) -> anyhow::Result<ToolRegistry
 pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = build_registry(&config.disabled_connectors)?;
+    let registry = build_registry(&config.disabled_connectors, &config.slack)?;
     let catalog = Arc::new(Catalog::new(registry)?);
     let store = SqliteStore::open(&config.database)
         .await

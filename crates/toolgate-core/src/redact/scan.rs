@@ -54,6 +54,12 @@ const PATTERNS: &[(Kind, bool, &str)] = &[
         r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<v>[A-Za-z0-9/_\-]+)",
     ),
     (
+        // The same secret without its host: a webhook's path as an HTTP client logs it.
+        Kind::SlackHook,
+        false,
+        r"/services/(?P<v>T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,})",
+    ),
+    (
         Kind::KeyValue,
         false,
         r#"(?P<key>[A-Za-z0-9_.\-]*(?i:secret|token|passw(?:or)?d|passphrase|api[_\-]?key|access[_\-]?key|private[_\-]?key|authorization|cookie|credential|signature)[A-Za-z0-9_.\-]*)(?:\\?["'])?[ \t]*[:=][ \t]*(?P<v>"(?:[^"\\\r\n]|\\.)*"|\\"(?:[^"\\\r\n]|\\[^"])*\\"|'[^'\r\n]*'|(?i:(?:bearer|basic|token|digest)[ \t]+)?[^\s"'&,;<>)\]}\\]+)"#,

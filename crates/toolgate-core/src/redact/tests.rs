@@ -198,3 +198,11 @@ fn unmatched_text_is_borrowed() {
         );
     }
 }
+
+#[test]
+fn a_slack_webhook_path_alone_is_redacted() {
+    let logged = "POST hooks host path=/services/T0AB12CD3/B0XY98ZW7/aBcDeFgHiJkLmNoPqRsTuVwX";
+    let redacted = Redactor::new().redact_text(logged);
+    assert!(!redacted.contains("aBcDeFgHiJkLmNoPqRsTuVwX"), "{redacted}");
+    assert!(redacted.contains("/services/"), "{redacted}");
+}
