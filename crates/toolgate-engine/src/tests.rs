@@ -1190,3 +1190,59 @@ async fn approving_a_policy_denial_is_refused_and_the_row_stays() {
         .unwrap();
     assert_eq!(after, crate::ResumeOutcome::ClaimLost);
 }
+
+#[tokio::test]
+async fn expired_invocations_are_swept_as_rejected() {
+    let config = EngineConfig {
+        pending_expiry: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = harness_with(config, None).await;
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    let run = h.run(None).await;
+    let pending = suspended(
+        &h,
+        &run,
+        r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#,
+    )
+    .await;
+    assert_eq!(h.engine.expire_pending().await.unwrap(), 1);
+    assert_eq!(
+        h.engine.expire_pending().await.unwrap(),
+        0,
+        "nothing left to expire"
+    );
+    let row = h
+        .store
+        .get_pending(&h.tenant, &pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.state, toolgate_ledger::PendingState::Rejected);
+    let call = h
+        .store
+        .get_tool_call(&h.tenant, &row.tool_call_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (call.status, call.error_code),
+        (ToolCallStatus::Blocked, Some(ErrorCode::ExpertRejected))
+    );
+    assert_eq!(
+        h.engine
+            .get_run(&h.tenant, &run)
+            .await
+            .unwrap()
+            .pending_approvals,
+        0
+    );
+    assert!(
+        h.event_kinds()
+            .await
+            .contains(&"tool_call.rejected".to_owned())
+    );
+}

@@ -476,6 +476,25 @@ impl Store for SqliteStore {
         row.as_ref().map(pending_from_row).transpose()
     }
 
+    async fn list_expired_pending(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE state = 'pending' AND expires_at <= ? \
+              ORDER BY expires_at, id LIMIT ?"
+        ))
+        .bind(now.0)
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
         let events = resolution
             .events

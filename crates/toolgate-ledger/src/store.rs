@@ -147,6 +147,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// and the audit events, atomically. Returns false, writing nothing, when the row is no
     /// longer pending at that version (another decision won).
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError>;
+    /// Pending invocations of every tenant whose expiry is at or before `now`, soonest first.
+    async fn list_expired_pending(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError>;
     /// Adds a pending invocation for an existing call (e.g. after an approved execution
     /// failed), raising the run's pending count, with its audit events.
     async fn add_pending(

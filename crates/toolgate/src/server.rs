@@ -151,6 +151,8 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     let engine = Arc::new(engine);
+    // Pending invocations nobody decided in time resolve as rejected, audited.
+    tokio::spawn(expire_pending_loop(Arc::clone(&engine)));
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -257,4 +259,20 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     info!("shutting down");
+}
+
+/// How often expired pending invocations are looked for.
+const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+async fn expire_pending_loop(engine: Arc<Engine>) {
+    let mut tick = tokio::time::interval(EXPIRY_SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match engine.expire_pending().await {
+            Ok(0) => {}
+            Ok(expired) => info!(expired, "expired pending invocations resolved as rejected"),
+            Err(error) => warn!(%error, "expiring pending invocations failed"),
+        }
+    }
 }

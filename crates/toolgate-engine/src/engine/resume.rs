@@ -72,6 +72,56 @@ impl Engine {
         }
     }
 
+    /// Resolves every expired pending invocation as rejected (audited), so none waits forever
+    /// or vanishes silently. Returns how many it resolved; run it periodically.
+    pub async fn expire_pending(&self) -> Result<u64, EngineError> {
+        const PAGE: u32 = 200;
+        let mut expired = 0;
+        loop {
+            let rows = self
+                .store
+                .list_expired_pending(self.clock.now(), PAGE)
+                .await?;
+            if rows.is_empty() {
+                return Ok(expired);
+            }
+            let mut progressed = false;
+            for pending in rows {
+                let Some(call) = self
+                    .store
+                    .get_tool_call(&pending.tenant, &pending.tool_call_id)
+                    .await?
+                else {
+                    continue;
+                };
+                let request = ResumeRequest {
+                    tenant: pending.tenant.clone(),
+                    approver: "system: expiry".to_owned(),
+                    run: pending.run.to_string(),
+                    invocation: pending.id.clone(),
+                    decision: ResumeDecision::Reject,
+                    reason: String::new(),
+                };
+                let outcome = self
+                    .reject(
+                        &request,
+                        &pending,
+                        &call,
+                        "expired: nobody decided in time",
+                        true,
+                    )
+                    .await?;
+                if matches!(outcome, ResumeOutcome::Rejected { .. }) {
+                    expired += 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return Ok(expired);
+            }
+        }
+    }
+
     async fn reject(
         &self,
         request: &ResumeRequest,
