@@ -45,6 +45,9 @@ pub struct Engine {
     runs: RwLock<HashMap<(TenantId, RunId), Arc<RunRecord>>>,
     flags: RwLock<HashMap<TenantId, (bool, Instant)>>,
     policies: RwLock<HashMap<TenantId, (PolicyState, Instant)>>,
+    /// Bumped after every write that appends run events, so watchers re-read at once instead
+    /// of waiting for their next poll.
+    events_written: tokio::sync::watch::Sender<u64>,
 }
 
 /// A tenant's policy as loaded: compiled, or refused (then every call is blocked, fail closed).
@@ -84,6 +87,7 @@ impl Engine {
             runs: RwLock::new(HashMap::new()),
             flags: RwLock::new(HashMap::new()),
             policies: RwLock::new(HashMap::new()),
+            events_written: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -103,6 +107,17 @@ impl Engine {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Changes whenever this engine has committed run events: a cue for watchers to re-read
+    /// the ledger (which stays the source of truth, also for events of other processes).
+    pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events_written.subscribe()
+    }
+
+    fn announce_events(&self) {
+        self.events_written
+            .send_modify(|count| *count = count.wrapping_add(1));
     }
 
     /// The redactor everything stored passes through.
@@ -944,7 +959,9 @@ impl Engine {
         new_call: NewCall,
         call: &ToolCallRecord,
     ) -> Result<Option<Result<ExecuteOutcome, EngineError>>, EngineError> {
-        Ok(match self.store.record_call(new_call).await? {
+        let recorded = self.store.record_call(new_call).await?;
+        self.announce_events();
+        Ok(match recorded {
             RecordOutcome::Recorded => None,
             RecordOutcome::BudgetExceeded(record) => Some(Ok(outcome_from_record(&record, false))),
             RecordOutcome::Duplicate(existing) => Some(self.replay(call, existing)),
@@ -1150,7 +1167,9 @@ impl Engine {
             at: self.clock.now(),
             events: vec![self.event(call, kind, payload)],
         };
-        if !self.store.finish_call(finish).await? {
+        let finished = self.store.finish_call(finish).await?;
+        self.announce_events();
+        if !finished {
             warn!(tool_call_id = %call.id, "call was no longer running when it finished; late result dropped");
         }
         Ok(ExecuteOutcome {

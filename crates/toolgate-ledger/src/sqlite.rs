@@ -695,6 +695,29 @@ impl Store for SqliteStore {
         self.submit(OpKind::AppendEvents(prepared)).await?.done()
     }
 
+    async fn list_run_events(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM audit_events WHERE tenant = ? AND chain_seq > ? AND run = ? \
+              ORDER BY chain_seq LIMIT ?"
+        ))
+        .bind(tenant.as_str())
+        .bind(after)
+        .bind(run.as_str())
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(event_from_row).collect()
+    }
+
     async fn list_events(
         &self,
         tenant: &TenantId,

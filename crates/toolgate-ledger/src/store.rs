@@ -214,6 +214,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, LedgerError>;
+    /// A run's audit events with `chain_seq > after`, in chain order.
+    async fn list_run_events(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, LedgerError>;
     /// Checks every tenant's chain and reports the first event edited, deleted or reordered.
     async fn verify_chains(&self) -> Result<VerifyReport, LedgerError>;
 

@@ -37,8 +37,99 @@ fn agent_scope(caller: &Caller) -> Result<(TenantId, Option<AgentId>), Status> {
     Ok((caller.tenant()?.clone(), caller.agent.clone()))
 }
 
+/// How often a watcher re-reads the ledger when nothing in this process announced events
+/// (events written by other processes sharing the database).
+const WATCH_POLL: Duration = Duration::from_millis(500);
+
+/// The stream of a WatchRun call.
+pub(crate) type RunEventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
+    type WatchRunStream = RunEventStream;
+
+    async fn watch_run(
+        &self,
+        request: Request<pb::WatchRunRequest>,
+    ) -> Result<Response<RunEventStream>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let body = request.into_inner();
+        let run_id = parse_id("run_id", &body.run_id, RunId::new)?;
+        let run = self
+            .0
+            .engine
+            .get_run(&tenant, &run_id)
+            .await
+            .map_err(status)?;
+        if agent.is_some_and(|a| a != run.agent) {
+            return Err(Status::not_found(format!("run `{run_id}` not found")));
+        }
+        if body.after_cursor < 0 {
+            return Err(Status::invalid_argument(
+                "after_cursor: must be 0 or a cursor from an earlier event",
+            ));
+        }
+        let engine = Arc::clone(&self.0.engine);
+        let announcements = engine.subscribe_events();
+        let state = (
+            engine,
+            tenant,
+            run_id,
+            body.after_cursor,
+            announcements,
+            std::collections::VecDeque::new(),
+        );
+        let stream = futures::stream::unfold(
+            state,
+            |(engine, tenant, run, mut cursor, mut announcements, mut buffered)| async move {
+                loop {
+                    if let Some(event) = buffered.pop_front() {
+                        return Some((
+                            Ok(event),
+                            (engine, tenant, run, cursor, announcements, buffered),
+                        ));
+                    }
+                    // Mark the current announcement seen before reading, so a write that lands
+                    // after the read wakes the wait below.
+                    announcements.borrow_and_update();
+                    let events = match engine
+                        .store()
+                        .list_run_events(&tenant, &run, cursor, 100)
+                        .await
+                    {
+                        Ok(events) => events,
+                        Err(err) => {
+                            let status = Status::unavailable(format!("ledger unavailable: {err}"));
+                            return Some((
+                                Err(status),
+                                (engine, tenant, run, i64::MAX, announcements, buffered),
+                            ));
+                        }
+                    };
+                    if let Some(last) = events.last() {
+                        cursor = last.chain_seq;
+                        buffered.extend(events.iter().map(run_event));
+                        continue;
+                    }
+                    if cursor == i64::MAX {
+                        return None;
+                    }
+                    tokio::select! {
+                        changed = announcements.changed() => {
+                            if changed.is_err() {
+                                return None;
+                            }
+                        }
+                        () = tokio::time::sleep(WATCH_POLL) => {}
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn create_run(
         &self,
         request: Request<pb::CreateRunRequest>,
@@ -200,6 +291,20 @@ impl AgentService for AgentApi {
             tool_calls: calls.iter().map(convert::tool_call).collect(),
             next_page_token,
         }))
+    }
+}
+
+fn run_event(event: &toolgate_ledger::AuditEvent) -> pb::RunEvent {
+    pb::RunEvent {
+        cursor: event.chain_seq,
+        kind: event.kind.clone(),
+        tool_call_id: event
+            .tool_call_id
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        payload_json: event.payload.to_string(),
+        at_ms: event.at.0,
     }
 }
 

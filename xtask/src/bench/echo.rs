@@ -74,6 +74,18 @@ impl Echo {
 
 #[tonic::async_trait]
 impl AgentService for Echo {
+    type WatchRunStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
+
+    async fn watch_run(
+        &self,
+        _request: Request<pb::WatchRunRequest>,
+    ) -> Result<Response<Self::WatchRunStream>, Status> {
+        Err(Status::unimplemented(
+            "the echo server only answers ExecuteTool",
+        ))
+    }
+
     async fn execute_tool(
         &self,
         _request: Request<pb::ExecuteToolRequest>,

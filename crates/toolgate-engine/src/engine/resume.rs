@@ -167,6 +167,7 @@ impl Engine {
         if !claimed {
             return Ok(ResumeOutcome::ClaimLost);
         }
+        self.announce_events();
         Ok(ResumeOutcome::Rejected {
             tool_call_id: call.id.clone(),
             expired,
@@ -196,6 +197,7 @@ impl Engine {
             "policy denial is terminal",
         );
         self.store.append_events(vec![event]).await?;
+        self.announce_events();
         Ok(ResumeOutcome::PolicyDenialTerminal)
     }
 
@@ -246,6 +248,7 @@ impl Engine {
         if !claimed {
             return Ok(ResumeOutcome::ClaimLost);
         }
+        self.announce_events();
         let timeout = spec.default_timeout.min(self.config.max_timeout);
         let verdict = (pending.decision, call.risk_level.unwrap_or(spec.risk));
         let outcome = self
@@ -302,6 +305,7 @@ impl Engine {
             at: now,
         };
         self.store.add_pending(fresh, vec![event]).await?;
+        self.announce_events();
         Ok(())
     }
 
