@@ -4,7 +4,7 @@
 use tonic::Status;
 use toolgate_core::{ToolCallStatus, ToolSpec};
 use toolgate_engine::{Catalog, EngineError, ExecuteOutcome, llm_tool_name};
-use toolgate_ledger::{LedgerError, RunRecord, ToolCallRecord};
+use toolgate_ledger::{Agent, LedgerError, RunRecord, Tenant, ToolCallRecord};
 use toolgate_proto::v1 as pb;
 
 /// Maps an engine error to a gRPC status.
@@ -35,6 +35,23 @@ pub(crate) fn call_status(status: ToolCallStatus) -> pb::ToolCallStatus {
         ToolCallStatus::Approved => pb::ToolCallStatus::Approved,
         ToolCallStatus::TimedOut => pb::ToolCallStatus::TimedOut,
         ToolCallStatus::OutcomeUnknown => pb::ToolCallStatus::OutcomeUnknown,
+    }
+}
+
+pub(crate) fn tenant(tenant: &Tenant) -> pb::Tenant {
+    pb::Tenant {
+        tenant_id: tenant.id.to_string(),
+        name: tenant.name.clone(),
+        created_at_ms: tenant.created_at.0,
+    }
+}
+
+pub(crate) fn agent(agent: &Agent) -> pb::Agent {
+    pb::Agent {
+        tenant_id: agent.tenant.to_string(),
+        agent_id: agent.id.to_string(),
+        name: agent.name.clone(),
+        created_at_ms: agent.created_at.0,
     }
 }
 

@@ -365,11 +365,7 @@ impl AdminService for AdminApi {
             .create_tenant(tenant.clone())
             .await
             .map_err(ledger_status)?;
-        Ok(Response::new(pb::Tenant {
-            tenant_id: tenant.id.to_string(),
-            name: tenant.name,
-            created_at_ms: tenant.created_at.0,
-        }))
+        Ok(Response::new(convert::tenant(&tenant)))
     }
 
     async fn list_tenants(
@@ -385,14 +381,7 @@ impl AdminService for AdminApi {
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(pb::ListTenantsResponse {
-            tenants: tenants
-                .into_iter()
-                .map(|t| pb::Tenant {
-                    tenant_id: t.id.to_string(),
-                    name: t.name,
-                    created_at_ms: t.created_at.0,
-                })
-                .collect(),
+            tenants: tenants.iter().map(convert::tenant).collect(),
         }))
     }
 
@@ -414,12 +403,7 @@ impl AdminService for AdminApi {
             .create_agent(agent.clone())
             .await
             .map_err(ledger_status)?;
-        Ok(Response::new(pb::Agent {
-            tenant_id: agent.tenant.to_string(),
-            agent_id: agent.id.to_string(),
-            name: agent.name,
-            created_at_ms: agent.created_at.0,
-        }))
+        Ok(Response::new(convert::agent(&agent)))
     }
 
     async fn list_agents(
@@ -436,15 +420,7 @@ impl AdminService for AdminApi {
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(pb::ListAgentsResponse {
-            agents: agents
-                .into_iter()
-                .map(|a| pb::Agent {
-                    tenant_id: a.tenant.to_string(),
-                    agent_id: a.id.to_string(),
-                    name: a.name,
-                    created_at_ms: a.created_at.0,
-                })
-                .collect(),
+            agents: agents.iter().map(convert::agent).collect(),
         }))
     }
 
