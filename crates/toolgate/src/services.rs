@@ -33,6 +33,28 @@ pub(crate) struct AgentApi(pub(crate) Shared);
 #[derive(Debug, Clone)]
 pub(crate) struct AdminApi(pub(crate) Shared);
 
+impl AgentApi {
+    /// A run of the caller's tenant; a token bound to one agent sees only that agent's runs,
+    /// and anything else is NOT_FOUND, indistinguishable from a run that does not exist.
+    async fn caller_run(
+        &self,
+        tenant: &TenantId,
+        agent: Option<&AgentId>,
+        run_id: &RunId,
+    ) -> Result<toolgate_ledger::RunRecord, Status> {
+        let run = self
+            .0
+            .engine
+            .get_run(tenant, run_id)
+            .await
+            .map_err(status)?;
+        if agent.is_some_and(|a| *a != run.agent) {
+            return Err(Status::not_found(format!("run `{run_id}` not found")));
+        }
+        Ok(run)
+    }
+}
+
 fn agent_scope(caller: &Caller) -> Result<(TenantId, Option<AgentId>), Status> {
     Ok((caller.tenant()?.clone(), caller.agent.clone()))
 }
@@ -57,15 +79,7 @@ impl AgentService for AgentApi {
         let (tenant, agent) = agent_scope(&caller)?;
         let body = request.into_inner();
         let run_id = parse_id("run_id", &body.run_id, RunId::new)?;
-        let run = self
-            .0
-            .engine
-            .get_run(&tenant, &run_id)
-            .await
-            .map_err(status)?;
-        if agent.is_some_and(|a| a != run.agent) {
-            return Err(Status::not_found(format!("run `{run_id}` not found")));
-        }
+        self.caller_run(&tenant, agent.as_ref(), &run_id).await?;
         if body.after_cursor < 0 {
             return Err(Status::invalid_argument(
                 "after_cursor: must be 0 or a cursor from an earlier event",
@@ -171,15 +185,7 @@ impl AgentService for AgentApi {
         let caller = self.0.auth.require(&request, Role::Agent).await?;
         let (tenant, agent) = agent_scope(&caller)?;
         let run_id = parse_id("run_id", &request.get_ref().run_id, RunId::new)?;
-        let record = self
-            .0
-            .engine
-            .get_run(&tenant, &run_id)
-            .await
-            .map_err(status)?;
-        if agent.is_some_and(|a| a != record.agent) {
-            return Err(Status::not_found(format!("run `{run_id}` not found")));
-        }
+        let record = self.caller_run(&tenant, agent.as_ref(), &run_id).await?;
         Ok(Response::new(convert::run(&record)))
     }
 
@@ -257,15 +263,7 @@ impl AgentService for AgentApi {
         let (tenant, agent) = agent_scope(&caller)?;
         let body = request.into_inner();
         let run_id = parse_id("run_id", &body.run_id, RunId::new)?;
-        let run = self
-            .0
-            .engine
-            .get_run(&tenant, &run_id)
-            .await
-            .map_err(status)?;
-        if agent.is_some_and(|a| a != run.agent) {
-            return Err(Status::not_found(format!("run `{run_id}` not found")));
-        }
+        self.caller_run(&tenant, agent.as_ref(), &run_id).await?;
         let after = if body.page_token.is_empty() {
             None
         } else {
