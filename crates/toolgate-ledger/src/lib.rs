@@ -8,11 +8,16 @@
 mod chain;
 mod error;
 mod model;
+mod ops;
+mod pg;
+mod rows;
 mod sqlite;
 mod store;
+mod verify;
 
 pub use chain::{GENESIS_HASH, event_hash};
 pub use error::LedgerError;
 pub use model::*;
+pub use pg::{PgOptions, PgStore};
 pub use sqlite::{SqliteStore, WriterStats};
 pub use store::Store;

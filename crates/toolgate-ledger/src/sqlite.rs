@@ -11,11 +11,9 @@
 //! is the file's only writer. Several gateway replicas need the PostgreSQL backend.
 
 mod bulk;
-mod ops;
-mod rows;
+
 mod statements;
 mod steps;
-mod verify;
 mod writer;
 
 #[cfg(test)]
@@ -38,35 +36,21 @@ use toolgate_core::{
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, AuditEvent, CredentialKind, CredentialRecord, FinishCall, NewAuditEvent, NewCall,
-    PendingFilter, PendingInvocation, PendingOrigin, PendingState, Permission, PolicySetRecord,
-    RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    Agent, AuditEvent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, PendingFilter,
+    PendingInvocation, Permission, PolicySetRecord, RecordOutcome, ResolvePending, RunRecord,
+    Tenant, TokenRecord, ToolCallRecord, VerifyReport,
 };
-use crate::sqlite::ops::{
+use crate::ops::{
     Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply, WriteOp,
 };
-use crate::sqlite::rows::{
-    agent_from_row, call_columns, call_from_row, event_columns, event_from_row, manifest_json,
+use crate::rows::{
+    agent_from_row, call_columns, call_from_row, credential_columns, credential_from_row,
+    event_columns, event_from_row, manifest_json, pending_columns, pending_from_row,
     permission_from_row, policy_set_from_row, read_error, run_from_row, tenant_from_row,
     token_from_row,
 };
 use crate::sqlite::writer::{Counters, Writer};
 use crate::store::Store;
-
-/// The columns [`pending_from_row`] reads, in order.
-macro_rules! pending_columns {
-    () => {
-        "id, tenant, run, tool_call_id, tool, arguments, args_hash, manifest, policy_version, \
-         origin, decision, state, version, expires_at, created_at"
-    };
-}
-
-/// The columns [`credential_from_row`] reads, in order.
-macro_rules! credential_columns {
-    () => {
-        "tenant, name, kind, value, key_id, metadata, notes, created_by, created_at, updated_at"
-    };
-}
 
 /// The schema, embedded at compile time.
 static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
@@ -739,7 +723,8 @@ impl Store for SqliteStore {
     }
 
     async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
-        verify::verify_chains(&self.read).await
+        let mut conn = self.read.acquire().await.map_err(read_error)?;
+        crate::verify::verify_chains(&mut *conn).await
     }
 
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
@@ -758,91 +743,4 @@ impl Store for SqliteStore {
             })
             .collect()
     }
-}
-
-fn credential_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<CredentialRecord, LedgerError> {
-    use sqlx::Row as _;
-    let get_text = |column: &str| -> Result<String, LedgerError> {
-        row.try_get::<String, _>(column)
-            .map_err(|e| LedgerError::Corrupt(format!("tenant_tool_secrets.{column}: {e}")))
-    };
-    let corrupt = |what: String| LedgerError::Corrupt(format!("tenant_tool_secrets: {what}"));
-    let tenant = TenantId::new(get_text("tenant")?).map_err(|e| corrupt(e.to_string()))?;
-    let name = SecretName::new(get_text("name")?).map_err(|e| corrupt(e.to_string()))?;
-    let kind_text = get_text("kind")?;
-    let kind =
-        CredentialKind::parse(&kind_text).ok_or_else(|| corrupt(format!("kind `{kind_text}`")))?;
-    let key_id: Option<String> = row
-        .try_get("key_id")
-        .map_err(|e| corrupt(format!("key_id: {e}")))?;
-    let metadata = serde_json::from_str(&get_text("metadata")?)
-        .map_err(|e| corrupt(format!("metadata: {e}")))?;
-    let created_at: i64 = row
-        .try_get("created_at")
-        .map_err(|e| corrupt(format!("created_at: {e}")))?;
-    let updated_at: i64 = row
-        .try_get("updated_at")
-        .map_err(|e| corrupt(format!("updated_at: {e}")))?;
-    Ok(CredentialRecord {
-        tenant,
-        name,
-        kind,
-        value: get_text("value")?,
-        key_id,
-        metadata,
-        notes: get_text("notes")?,
-        created_by: get_text("created_by")?,
-        created_at: Timestamp(created_at),
-        updated_at: Timestamp(updated_at),
-    })
-}
-
-fn pending_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingInvocation, LedgerError> {
-    use sqlx::Row as _;
-    let corrupt = |what: String| LedgerError::Corrupt(format!("pending_invocations: {what}"));
-    let text = |column: &str| -> Result<String, LedgerError> {
-        row.try_get::<String, _>(column)
-            .map_err(|e| corrupt(format!("{column}: {e}")))
-    };
-    let number = |column: &str| -> Result<i64, LedgerError> {
-        row.try_get::<i64, _>(column)
-            .map_err(|e| corrupt(format!("{column}: {e}")))
-    };
-    let arguments: Option<String> = row
-        .try_get("arguments")
-        .map_err(|e| corrupt(format!("arguments: {e}")))?;
-    let arguments = match arguments {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| corrupt(format!("arguments: {e}")))?
-        }
-        None => serde_json::Value::Null,
-    };
-    let manifest: Vec<String> =
-        serde_json::from_str(&text("manifest")?).map_err(|e| corrupt(format!("manifest: {e}")))?;
-    let manifest = manifest
-        .into_iter()
-        .map(|name| ToolName::new(name).map_err(|e| corrupt(e.to_string())))
-        .collect::<Result<Vec<_>, _>>()?;
-    let origin_text = text("origin")?;
-    let state_text = text("state")?;
-    let decision_text = text("decision")?;
-    Ok(PendingInvocation {
-        id: text("id")?,
-        tenant: TenantId::new(text("tenant")?).map_err(|e| corrupt(e.to_string()))?,
-        run: RunId::new(text("run")?).map_err(|e| corrupt(e.to_string()))?,
-        tool_call_id: ToolCallId::new(text("tool_call_id")?).map_err(|e| corrupt(e.to_string()))?,
-        tool: ToolName::new(text("tool")?).map_err(|e| corrupt(e.to_string()))?,
-        arguments,
-        args_hash: text("args_hash")?,
-        manifest,
-        policy_version: number("policy_version")?,
-        origin: PendingOrigin::parse(&origin_text)
-            .ok_or_else(|| corrupt(format!("origin `{origin_text}`")))?,
-        decision: decision_text.parse().map_err(corrupt)?,
-        state: PendingState::parse(&state_text)
-            .ok_or_else(|| corrupt(format!("state `{state_text}`")))?,
-        version: number("version")?,
-        expires_at: Timestamp(number("expires_at")?),
-        created_at: Timestamp(number("created_at")?),
-    })
 }

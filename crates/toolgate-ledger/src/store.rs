@@ -123,8 +123,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<Vec<ToolCallRecord>, LedgerError>;
 
-    /// Calls of every tenant still `running`, oldest first: after a crash, the calls it
-    /// interrupted (only one process may own a store, so none of them is still in flight).
+    /// Calls of every tenant still `running` whose executing process is gone, oldest first:
+    /// the calls a crash interrupted. Never a call some live process is still running, so it
+    /// is safe to call at any time (SQLite: calls that were running when the store was opened,
+    /// its only process; PostgreSQL: calls whose owning replica no longer holds its lock).
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError>;
 
     // --- approvals ---------------------------------------------------------------------
@@ -227,4 +229,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Tools some grant names, for checking grants against the registry.
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError>;
+
+    /// Ticks whenever any process sharing this store has committed audit events (PostgreSQL:
+    /// LISTEN/NOTIFY), so watchers on every replica re-read at once. `None` when only this
+    /// process writes the store (SQLite), whose engine announces its own writes.
+    fn subscribe_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }

@@ -20,8 +20,8 @@ use sqlx::sqlite::SqliteRow;
 
 use crate::error::LedgerError;
 use crate::model::{PolicyDecisionRecord, RecordOutcome};
-use crate::sqlite::ops::{PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply};
-use crate::sqlite::rows::{Fail, SqlFailure, read_failure};
+use crate::ops::{PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply};
+use crate::rows::{Fail, SqlFailure, read_failure};
 use crate::sqlite::statements::{
     ChainLink, RowKind, RunCount, Shape, SqlQuery, bind_call, bind_decision, bind_event,
     bind_finish_row, bind_pending, bind_run_count_row, chunk_rows,

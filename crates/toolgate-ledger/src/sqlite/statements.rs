@@ -9,8 +9,8 @@ use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr, Sqlite};
 
 use crate::model::PolicyDecisionRecord;
-use crate::sqlite::ops::{PreparedCall, PreparedEvent, PreparedFinish, PreparedPending};
-use crate::sqlite::rows::call_columns;
+use crate::ops::{PreparedCall, PreparedEvent, PreparedFinish, PreparedPending};
+use crate::rows::call_columns;
 
 pub(super) type SqlQuery = Query<'static, Sqlite, SqliteArguments>;
 

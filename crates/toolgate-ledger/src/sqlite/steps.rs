@@ -21,12 +21,8 @@ use crate::model::{
     Agent, CredentialRecord, Permission, RecordOutcome, RunRecord, Tenant, TokenRecord,
     ToolCallRecord,
 };
-use crate::sqlite::ops::{
-    OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply,
-};
-use crate::sqlite::rows::{
-    Fail, SqlFailure, call_columns, call_from_row, read_failure, write_failure,
-};
+use crate::ops::{OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply};
+use crate::rows::{Fail, SqlFailure, call_columns, call_from_row, read_failure, write_failure};
 use crate::sqlite::statements::{
     COUNT_ON_RUN_WITHIN_BUDGET, ChainLink, FINISH_RUNNING, INSERT_CALL, INSERT_DECISION,
     INSERT_EVENT, INSERT_PENDING, SqlQuery, bind_call, bind_count_on_run, bind_decision,

@@ -47,11 +47,9 @@ use tracing::warn;
 use crate::chain::{GENESIS_HASH, event_hash};
 use crate::error::LedgerError;
 use crate::model::RecordOutcome;
+use crate::ops::{Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp};
+use crate::rows::{Fail, SqlFailure, read_failure};
 use crate::sqlite::bulk::Hot;
-use crate::sqlite::ops::{
-    Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp,
-};
-use crate::sqlite::rows::{Fail, SqlFailure, read_failure};
 use crate::sqlite::statements::{
     ChainLink, Shape, SqlQuery, UPSERT_HEAD, bind_call, bind_count_on_run, bind_decision,
     bind_event, bind_finish, bind_pending,

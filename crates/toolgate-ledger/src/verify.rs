@@ -25,35 +25,116 @@
 
 use std::collections::HashMap;
 
-use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
-use sqlx::{Connection, Row};
+use sqlx::postgres::PgConnection;
+use sqlx::sqlite::SqliteConnection;
 use toolgate_core::TenantId;
 
 use crate::chain::{GENESIS_HASH, event_hash};
 use crate::error::LedgerError;
 use crate::model::{ChainProblem, ChainProblemKind, VerifyReport};
-use crate::sqlite::rows::read_error;
+use crate::rows::{SqlRow, read_error};
+
+/// What verification reads, on one connection of either backend. Each chain is read between
+/// `begin_snapshot` and `end_snapshot`, so concurrent appends cannot look like damage.
+pub(crate) trait ChainReader {
+    async fn tenants(&mut self) -> Result<Vec<String>, LedgerError>;
+    async fn begin_snapshot(&mut self) -> Result<(), LedgerError>;
+    async fn end_snapshot(&mut self) -> Result<(), LedgerError>;
+    async fn head(&mut self, tenant: &str) -> Result<Option<(i64, String)>, LedgerError>;
+    async fn page(
+        &mut self,
+        tenant: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<StoredEvent>, LedgerError>;
+    async fn links(&mut self, tenant: &str) -> Result<Vec<(String, String)>, LedgerError>;
+}
+
+/// Implements [`ChainReader`] for a connection type; the SQL is the same on both backends.
+macro_rules! chain_reader {
+    ($conn:ty, $begin:literal) => {
+        impl ChainReader for $conn {
+            async fn tenants(&mut self) -> Result<Vec<String>, LedgerError> {
+                sqlx::query_scalar(
+                    "SELECT tenant FROM audit_heads UNION SELECT tenant FROM audit_events ORDER BY 1",
+                )
+                .fetch_all(&mut *self)
+                .await
+                .map_err(read_error)
+            }
+
+            async fn begin_snapshot(&mut self) -> Result<(), LedgerError> {
+                sqlx::query($begin).execute(&mut *self).await.map_err(read_error)?;
+                Ok(())
+            }
+
+            async fn end_snapshot(&mut self) -> Result<(), LedgerError> {
+                sqlx::query("ROLLBACK").execute(&mut *self).await.map_err(read_error)?;
+                Ok(())
+            }
+
+            async fn head(&mut self, tenant: &str) -> Result<Option<(i64, String)>, LedgerError> {
+                sqlx::query_as("SELECT chain_seq, hash FROM audit_heads WHERE tenant = $1")
+                    .bind(tenant.to_owned())
+                    .fetch_optional(&mut *self)
+                    .await
+                    .map_err(read_error)
+            }
+
+            async fn page(
+                &mut self,
+                tenant: &str,
+                after: i64,
+                limit: i64,
+            ) -> Result<Vec<StoredEvent>, LedgerError> {
+                let rows = sqlx::query(
+                    "SELECT seq, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash \
+                     FROM audit_events WHERE tenant = $1 AND chain_seq > $2 \
+                     ORDER BY chain_seq LIMIT $3",
+                )
+                .bind(tenant.to_owned())
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&mut *self)
+                .await
+                .map_err(read_error)?;
+                rows.iter().map(StoredEvent::from_row).collect()
+            }
+
+            async fn links(&mut self, tenant: &str) -> Result<Vec<(String, String)>, LedgerError> {
+                sqlx::query_as("SELECT hash, prev_hash FROM audit_events WHERE tenant = $1")
+                    .bind(tenant.to_owned())
+                    .fetch_all(&mut *self)
+                    .await
+                    .map_err(read_error)
+            }
+        }
+    };
+}
+
+chain_reader!(SqliteConnection, "BEGIN");
+chain_reader!(
+    PgConnection,
+    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+);
 
 /// Events read per query while walking a chain.
 const PAGE: i64 = 1000;
 
-pub(super) async fn verify_chains(pool: &SqlitePool) -> Result<VerifyReport, LedgerError> {
-    let mut conn = pool.acquire().await.map_err(read_error)?;
-    let tenants: Vec<String> = sqlx::query_scalar(
-        "SELECT tenant FROM audit_heads UNION SELECT tenant FROM audit_events ORDER BY 1",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(read_error)?;
+pub(crate) async fn verify_chains(
+    conn: &mut impl ChainReader,
+) -> Result<VerifyReport, LedgerError> {
+    let tenants = conn.tenants().await?;
     let mut report = VerifyReport {
         events_checked: 0,
         chains_checked: 0,
         first_problem: None,
     };
     for tenant in tenants {
-        let mut tx = conn.begin().await.map_err(read_error)?;
-        let (events, problem) = verify_chain(&mut tx, &tenant).await?;
-        tx.rollback().await.map_err(read_error)?;
+        conn.begin_snapshot().await?;
+        let checked = verify_chain(conn, &tenant).await;
+        conn.end_snapshot().await?;
+        let (events, problem) = checked?;
         report.events_checked += events;
         report.chains_checked += 1;
         if report.first_problem.is_none() {
@@ -64,7 +145,7 @@ pub(super) async fn verify_chains(pool: &SqlitePool) -> Result<VerifyReport, Led
 }
 
 /// An audit row as stored, uninterpreted: verification works on the exact stored text.
-struct StoredEvent {
+pub(crate) struct StoredEvent {
     seq: i64,
     chain_seq: i64,
     kind: String,
@@ -77,17 +158,17 @@ struct StoredEvent {
 }
 
 impl StoredEvent {
-    fn from_row(row: &SqliteRow) -> Result<StoredEvent, LedgerError> {
+    fn from_row(row: &impl SqlRow) -> Result<StoredEvent, LedgerError> {
         Ok(StoredEvent {
-            seq: row.try_get("seq").map_err(read_error)?,
-            chain_seq: row.try_get("chain_seq").map_err(read_error)?,
-            kind: row.try_get("kind").map_err(read_error)?,
-            run: row.try_get("run").map_err(read_error)?,
-            tool_call_id: row.try_get("tool_call_id").map_err(read_error)?,
-            payload: row.try_get("payload").map_err(read_error)?,
-            at: row.try_get("at").map_err(read_error)?,
-            prev_hash: row.try_get("prev_hash").map_err(read_error)?,
-            hash: row.try_get("hash").map_err(read_error)?,
+            seq: row.int("seq")?,
+            chain_seq: row.int("chain_seq")?,
+            kind: row.text("kind")?,
+            run: row.text_opt("run")?,
+            tool_call_id: row.text_opt("tool_call_id")?,
+            payload: row.text("payload")?,
+            at: row.int("at")?,
+            prev_hash: row.text("prev_hash")?,
+            hash: row.text("hash")?,
         })
     }
 
@@ -108,7 +189,7 @@ impl StoredEvent {
 
 /// Walks one chain; returns the events read and the chain's first problem.
 async fn verify_chain(
-    conn: &mut SqliteConnection,
+    conn: &mut impl ChainReader,
     tenant: &str,
 ) -> Result<(u64, Option<ChainProblem>), LedgerError> {
     let tenant_id = TenantId::new(tenant)
@@ -120,12 +201,7 @@ async fn verify_chain(
         detail,
     };
 
-    let head: Option<(i64, String)> =
-        sqlx::query_as("SELECT chain_seq, hash FROM audit_heads WHERE tenant = ?")
-            .bind(tenant)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(read_error)?;
+    let head = conn.head(tenant).await?;
 
     let mut links: Option<HashMap<String, String>> = None;
     let mut found: Option<ChainProblem> = None;
@@ -134,21 +210,11 @@ async fn verify_chain(
     let mut prev_hash = GENESIS_HASH.to_owned();
     let mut prev_insert_seq = i64::MIN;
     loop {
-        let rows = sqlx::query(
-            "SELECT seq, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash \
-             FROM audit_events WHERE tenant = ? AND chain_seq > ? ORDER BY chain_seq LIMIT ?",
-        )
-        .bind(tenant)
-        .bind(last_seq_read)
-        .bind(PAGE)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(read_error)?;
+        let rows = conn.page(tenant, last_seq_read, PAGE).await?;
         if rows.is_empty() {
             break;
         }
-        for row in &rows {
-            let event = StoredEvent::from_row(row)?;
+        for event in rows {
             events += 1;
             let expected = last_seq_read + 1;
             last_seq_read = event.chain_seq;
@@ -292,17 +358,12 @@ async fn verify_chain(
 /// Every event's hash and the hash it names as its predecessor; loaded once, only when a
 /// problem needs diagnosing.
 async fn load_links<'m>(
-    conn: &mut SqliteConnection,
+    conn: &mut impl ChainReader,
     tenant: &str,
     links: &'m mut Option<HashMap<String, String>>,
 ) -> Result<&'m HashMap<String, String>, LedgerError> {
     if links.is_none() {
-        let rows: Vec<(String, String)> =
-            sqlx::query_as("SELECT hash, prev_hash FROM audit_events WHERE tenant = ?")
-                .bind(tenant)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(read_error)?;
+        let rows = conn.links(tenant).await?;
         *links = Some(rows.into_iter().collect());
     }
     Ok(links.get_or_insert_with(HashMap::new))

@@ -10,11 +10,11 @@ use crate::model::{
     PolicyDecisionRecord, RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord,
     ToolCallRecord,
 };
-use crate::sqlite::rows::manifest_json;
+use crate::rows::manifest_json;
 
 /// A message to the writer task.
 #[derive(Debug)]
-pub(super) enum Command {
+pub(crate) enum Command {
     /// Run this write in the next batch.
     Write(WriteOp),
     /// Finish every write queued so far, stop accepting writes, close the connection, then
@@ -24,14 +24,14 @@ pub(super) enum Command {
 
 /// One write and where its answer goes once its batch has committed.
 #[derive(Debug)]
-pub(super) struct WriteOp {
-    pub(super) kind: OpKind,
-    pub(super) reply: oneshot::Sender<Result<Reply, LedgerError>>,
+pub(crate) struct WriteOp {
+    pub(crate) kind: OpKind,
+    pub(crate) reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
 
 /// What to write.
 #[derive(Debug)]
-pub(super) enum OpKind {
+pub(crate) enum OpKind {
     CreateTenant(Tenant),
     CreateAgent(Agent),
     CreateToken(TokenRecord),
@@ -75,7 +75,7 @@ pub(super) enum OpKind {
 
 /// A successful write's answer.
 #[derive(Debug)]
-pub(super) enum Reply {
+pub(crate) enum Reply {
     Done,
     Version(i64),
     Recorded(Box<RecordOutcome>),
@@ -83,28 +83,28 @@ pub(super) enum Reply {
 }
 
 impl Reply {
-    pub(super) fn done(self) -> Result<(), LedgerError> {
+    pub(crate) fn done(self) -> Result<(), LedgerError> {
         match self {
             Reply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
 
-    pub(super) fn version(self) -> Result<i64, LedgerError> {
+    pub(crate) fn version(self) -> Result<i64, LedgerError> {
         match self {
             Reply::Version(version) => Ok(version),
             other => Err(unexpected(&other)),
         }
     }
 
-    pub(super) fn recorded(self) -> Result<RecordOutcome, LedgerError> {
+    pub(crate) fn recorded(self) -> Result<RecordOutcome, LedgerError> {
         match self {
             Reply::Recorded(outcome) => Ok(*outcome),
             other => Err(unexpected(&other)),
         }
     }
 
-    pub(super) fn finished(self) -> Result<bool, LedgerError> {
+    pub(crate) fn finished(self) -> Result<bool, LedgerError> {
         match self {
             Reply::Finished(finished) => Ok(finished),
             other => Err(unexpected(&other)),
@@ -118,17 +118,17 @@ fn unexpected(reply: &Reply) -> LedgerError {
 
 /// An audit event with its payload already encoded: exactly the text that is hashed and stored.
 #[derive(Clone, Debug)]
-pub(super) struct PreparedEvent {
-    pub(super) tenant: String,
-    pub(super) kind: String,
-    pub(super) run: Option<String>,
-    pub(super) tool_call_id: Option<String>,
-    pub(super) payload: String,
-    pub(super) at: i64,
+pub(crate) struct PreparedEvent {
+    pub(crate) tenant: String,
+    pub(crate) kind: String,
+    pub(crate) run: Option<String>,
+    pub(crate) tool_call_id: Option<String>,
+    pub(crate) payload: String,
+    pub(crate) at: i64,
 }
 
 impl PreparedEvent {
-    pub(super) fn new(event: NewAuditEvent) -> PreparedEvent {
+    pub(crate) fn new(event: NewAuditEvent) -> PreparedEvent {
         PreparedEvent {
             tenant: event.tenant.as_str().to_owned(),
             kind: event.kind,
@@ -142,26 +142,26 @@ impl PreparedEvent {
 
 /// [`NewCall`] with its JSON encoded.
 #[derive(Debug)]
-pub(super) struct PreparedCall {
-    pub(super) call: ToolCallRecord,
-    pub(super) input: String,
-    pub(super) output: Option<String>,
-    pub(super) count_against_budget: bool,
-    pub(super) decision: Option<(PolicyDecisionRecord, String)>,
-    pub(super) pending: Option<PreparedPending>,
-    pub(super) events: Vec<PreparedEvent>,
+pub(crate) struct PreparedCall {
+    pub(crate) call: ToolCallRecord,
+    pub(crate) input: String,
+    pub(crate) output: Option<String>,
+    pub(crate) count_against_budget: bool,
+    pub(crate) decision: Option<(PolicyDecisionRecord, String)>,
+    pub(crate) pending: Option<PreparedPending>,
+    pub(crate) events: Vec<PreparedEvent>,
 }
 
 /// A pending invocation with its arguments and manifest encoded.
 #[derive(Debug)]
-pub(super) struct PreparedPending {
-    pub(super) record: PendingInvocation,
-    pub(super) arguments: String,
-    pub(super) manifest: String,
+pub(crate) struct PreparedPending {
+    pub(crate) record: PendingInvocation,
+    pub(crate) arguments: String,
+    pub(crate) manifest: String,
 }
 
 impl PreparedCall {
-    pub(super) fn new(new: NewCall) -> PreparedCall {
+    pub(crate) fn new(new: NewCall) -> PreparedCall {
         let NewCall {
             call,
             count_against_budget,
@@ -189,7 +189,7 @@ impl PreparedCall {
 }
 
 impl PreparedPending {
-    pub(super) fn new(record: PendingInvocation) -> PreparedPending {
+    pub(crate) fn new(record: PendingInvocation) -> PreparedPending {
         PreparedPending {
             arguments: record.arguments.to_string(),
             manifest: manifest_json(&record.manifest),
@@ -200,14 +200,14 @@ impl PreparedPending {
 
 /// [`FinishCall`] with its JSON encoded.
 #[derive(Debug)]
-pub(super) struct PreparedFinish {
-    pub(super) finish: FinishCall,
-    pub(super) output: Option<String>,
-    pub(super) events: Vec<PreparedEvent>,
+pub(crate) struct PreparedFinish {
+    pub(crate) finish: FinishCall,
+    pub(crate) output: Option<String>,
+    pub(crate) events: Vec<PreparedEvent>,
 }
 
 impl PreparedFinish {
-    pub(super) fn new(mut finish: FinishCall) -> PreparedFinish {
+    pub(crate) fn new(mut finish: FinishCall) -> PreparedFinish {
         let events = std::mem::take(&mut finish.events)
             .into_iter()
             .map(PreparedEvent::new)

@@ -1,0 +1,830 @@
+//! Write operations on PostgreSQL, one statement at a time, inside the savepoint `op` the
+//! writer opens for each. A failed statement aborts the transaction up to that savepoint, so
+//! an operation that must look around after a refusal (which parent is missing) first rolls
+//! back to it; the writer rolls back again on any failure, which is harmless.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+use sqlx::Row;
+use sqlx::postgres::PgConnection;
+use toolgate_core::{ErrorCode, ToolCallStatus};
+
+use crate::chain::{GENESIS_HASH, event_hash};
+use crate::error::LedgerError;
+use crate::model::{
+    Agent, CredentialRecord, Permission, RecordOutcome, ResolvePending, RunRecord, Tenant,
+    TokenRecord, ToolCallRecord,
+};
+use crate::ops::{OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply};
+use crate::rows::{Fail, SqlFailure, call_columns, call_from_row, read_failure, write_failure};
+
+/// The audit event kind kept when a call is blocked for its budget.
+const REQUESTED_EVENT: &str = "tool_call.requested";
+
+/// The newest event of a tenant's chain, as locked at the start of the batch.
+#[derive(Clone, Debug)]
+pub(super) struct Head {
+    pub(super) chain_seq: i64,
+    pub(super) hash: String,
+}
+
+/// Where an event goes in its chain.
+#[derive(Clone, Debug)]
+pub(super) struct Link {
+    pub(super) chain_seq: i64,
+    pub(super) prev_hash: String,
+    pub(super) hash: String,
+}
+
+/// The next link of `event`'s chain after `heads`, moving the head. `None` when the batch did
+/// not lock that tenant's head (it has none: the tenant does not exist).
+pub(super) fn link(heads: &mut HashMap<String, Head>, event: &PreparedEvent) -> Option<Link> {
+    let head = heads.get_mut(&event.tenant)?;
+    let chain_seq = head.chain_seq + 1;
+    let hash = event_hash(
+        &head.hash,
+        &event.tenant,
+        chain_seq,
+        &event.kind,
+        event.run.as_deref(),
+        event.tool_call_id.as_deref(),
+        &event.payload,
+        event.at,
+    );
+    let prev_hash = std::mem::replace(&mut head.hash, hash.clone());
+    head.chain_seq = chain_seq;
+    Some(Link {
+        chain_seq,
+        prev_hash,
+        hash,
+    })
+}
+
+pub(super) const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, agent, tool, \
+     action, tool_use_id, correlation_id, status, args_hash, input_redacted, output_redacted, \
+     error_code, error_text, policy_decision_id, risk_level, duration_ms, attempts, created_at, \
+     updated_at, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21) ON CONFLICT DO NOTHING RETURNING seq";
+
+const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, \
+     tool, arguments, args_hash, manifest, policy_version, origin, decision, state, version, \
+     expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+     $14, $15)";
+
+/// One operation's view of the writer.
+pub(super) struct Steps<'w> {
+    pub(super) conn: &'w mut PgConnection,
+    pub(super) heads: &'w mut HashMap<String, Head>,
+    /// Heads this operation moved, with the head each replaced, oldest first.
+    pub(super) undo: Vec<(String, Head)>,
+    pub(super) instance: i64,
+}
+
+impl Steps<'_> {
+    pub(super) async fn apply(&mut self, op: &OpKind) -> Result<Reply, Fail> {
+        match op {
+            OpKind::CreateTenant(tenant) => self.create_tenant(tenant).await,
+            OpKind::CreateAgent(agent) => self.create_agent(agent).await,
+            OpKind::CreateToken(token) => self.create_token(token).await,
+            OpKind::RevokeToken(id) => {
+                let changed = self
+                    .write(
+                        sqlx::query("UPDATE api_tokens SET revoked = TRUE WHERE id = $1").bind(id),
+                    )
+                    .await
+                    .map_err(|error| unexpected(&error))?;
+                if changed == 0 {
+                    return Err(Fail::Op(LedgerError::NotFound(format!("token {id}"))));
+                }
+                Ok(Reply::Done)
+            }
+            OpKind::PutPermission(permission) => self.put_permission(permission).await,
+            OpKind::SetFlag {
+                tenant,
+                flag,
+                enabled,
+                at,
+            } => {
+                let upsert = sqlx::query(
+                    "INSERT INTO feature_flags (tenant, flag, enabled, updated_at) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, flag) DO UPDATE \
+                     SET enabled = excluded.enabled, updated_at = excluded.updated_at",
+                )
+                .bind(tenant.as_str())
+                .bind(flag)
+                .bind(*enabled)
+                .bind(at.0);
+                self.write(upsert).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("flag {flag} of tenant {tenant}"),
+                        || LedgerError::NotFound(format!("tenant {tenant}")),
+                    )
+                })?;
+                Ok(Reply::Done)
+            }
+            OpKind::PutPolicySet {
+                tenant,
+                text,
+                created_by,
+                at,
+            } => {
+                // Versions are numbered per tenant; replicas take turns through the tenant row
+                // (a lock that does not block rows referencing the tenant).
+                let tenant_row =
+                    sqlx::query("SELECT 1 FROM tenants WHERE id = $1 FOR NO KEY UPDATE")
+                        .bind(tenant.as_str())
+                        .fetch_optional(&mut *self.conn)
+                        .await
+                        .map_err(read_failure)?;
+                if tenant_row.is_none() {
+                    return Err(Fail::Op(LedgerError::NotFound(format!("tenant {tenant}"))));
+                }
+                let insert = sqlx::query(
+                    "INSERT INTO policy_sets (tenant, version, text, created_by, created_at) \
+                     SELECT $1, COALESCE(MAX(version), 0) + 1, $2, $3, $4 \
+                     FROM policy_sets WHERE tenant = $1 RETURNING version",
+                )
+                .bind(tenant.as_str())
+                .bind(text)
+                .bind(created_by)
+                .bind(at.0);
+                let row = insert.fetch_one(&mut *self.conn).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("a policy set version of tenant {tenant}"),
+                        || LedgerError::NotFound(format!("tenant {tenant}")),
+                    )
+                })?;
+                let version: i64 = row.try_get("version").map_err(read_failure)?;
+                Ok(Reply::Version(version))
+            }
+            OpKind::CreateRun { run, manifest } => self.create_run(run, manifest).await,
+            OpKind::RecordCall(call) => self
+                .record_call(call)
+                .await
+                .map(|outcome| Reply::Recorded(Box::new(outcome))),
+            OpKind::FinishCall(finish) => self.finish_call(finish).await.map(Reply::Finished),
+            OpKind::AppendEvents(events) => {
+                for event in events {
+                    self.append(event).await?;
+                }
+                Ok(Reply::Done)
+            }
+            OpKind::PutCredential(credential) => self.put_credential(credential).await,
+            OpKind::ResolvePending(resolution) => {
+                let (resolution, events) = resolution.as_ref();
+                self.resolve_pending(resolution, events)
+                    .await
+                    .map(Reply::Finished)
+            }
+            OpKind::AddPending(pending) => {
+                let (pending, events) = pending.as_ref();
+                self.add_pending(pending, events).await
+            }
+            OpKind::DeleteCredential { tenant, name } => {
+                let delete =
+                    sqlx::query("DELETE FROM tenant_tool_secrets WHERE tenant = $1 AND name = $2")
+                        .bind(tenant.as_str())
+                        .bind(name.as_str());
+                let changed = self
+                    .write(delete)
+                    .await
+                    .map_err(|error| unexpected(&error))?;
+                if changed == 0 {
+                    return Err(Fail::Op(LedgerError::NotFound(format!(
+                        "secret {name} of tenant {tenant}"
+                    ))));
+                }
+                Ok(Reply::Done)
+            }
+            OpKind::ReplaceSealed {
+                tenant,
+                name,
+                expected,
+                value,
+                key_id,
+                at,
+            } => {
+                let update = sqlx::query(
+                    "UPDATE tenant_tool_secrets SET value = $1, key_id = $2, updated_at = $3 \
+                     WHERE tenant = $4 AND name = $5 AND kind = 'sealed' AND value = $6",
+                )
+                .bind(value)
+                .bind(key_id)
+                .bind(at.0)
+                .bind(tenant.as_str())
+                .bind(name.as_str())
+                .bind(expected);
+                let changed = self
+                    .write(update)
+                    .await
+                    .map_err(|error| unexpected(&error))?;
+                Ok(Reply::Finished(changed == 1))
+            }
+        }
+    }
+
+    async fn write<'q>(
+        &mut self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(query.execute(&mut *self.conn).await?.rows_affected())
+    }
+
+    /// Undoes the failed statement so the operation can look around before answering.
+    async fn recover(&mut self) -> Result<(), Fail> {
+        sqlx::raw_sql("ROLLBACK TO SAVEPOINT op")
+            .execute(&mut *self.conn)
+            .await
+            .map(|_| ())
+            .map_err(|error| Fail::Fatal(LedgerError::Database(error.to_string())))
+    }
+
+    async fn exists(&mut self, sql: &'static str, key: &str) -> Result<bool, Fail> {
+        let row = sqlx::query(sql)
+            .bind(key)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(read_failure)?;
+        Ok(row.is_some())
+    }
+
+    /// After a foreign key violation: which of tenant and agent is missing.
+    async fn missing_parent(
+        &mut self,
+        tenant: &str,
+        agent: Option<&str>,
+    ) -> Result<LedgerError, Fail> {
+        self.recover().await?;
+        if !self
+            .exists("SELECT 1 FROM tenants WHERE id = $1", tenant)
+            .await?
+        {
+            return Ok(LedgerError::NotFound(format!("tenant {tenant}")));
+        }
+        Ok(match agent {
+            Some(agent) => LedgerError::NotFound(format!("agent {tenant}/{agent}")),
+            None => LedgerError::NotFound(format!("a parent row of tenant {tenant}")),
+        })
+    }
+
+    /// A refused write whose foreign key names a tenant and maybe an agent.
+    async fn parent_failure(
+        &mut self,
+        error: &sqlx::Error,
+        tenant: &str,
+        agent: Option<&str>,
+        exists: impl FnOnce() -> String,
+    ) -> Fail {
+        match SqlFailure::classify(error) {
+            SqlFailure::ForeignKey => match self.missing_parent(tenant, agent).await {
+                Ok(missing) => Fail::Op(missing),
+                Err(fail) => fail,
+            },
+            _ => write_failure(error, exists, || {
+                LedgerError::Database("unexpected foreign key failure".into())
+            }),
+        }
+    }
+
+    async fn create_tenant(&mut self, tenant: &Tenant) -> Result<Reply, Fail> {
+        let insert = sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
+            .bind(tenant.id.as_str())
+            .bind(&tenant.name)
+            .bind(tenant.created_at.0);
+        self.write(insert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("tenant {}", tenant.id),
+                || LedgerError::Database("unexpected foreign key failure".into()),
+            )
+        })?;
+        // The chain's head exists from the start, so appending always has a row to lock.
+        let head =
+            sqlx::query("INSERT INTO audit_heads (tenant, chain_seq, hash) VALUES ($1, 0, $2)")
+                .bind(tenant.id.as_str())
+                .bind(GENESIS_HASH);
+        self.write(head).await.map_err(|error| unexpected(&error))?;
+        Ok(Reply::Done)
+    }
+
+    async fn create_agent(&mut self, agent: &Agent) -> Result<Reply, Fail> {
+        let insert = sqlx::query(
+            "INSERT INTO agents (tenant, id, name, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(agent.tenant.as_str())
+        .bind(agent.id.as_str())
+        .bind(&agent.name)
+        .bind(agent.created_at.0);
+        self.write(insert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("agent {}/{}", agent.tenant, agent.id),
+                || LedgerError::NotFound(format!("tenant {}", agent.tenant)),
+            )
+        })?;
+        Ok(Reply::Done)
+    }
+
+    async fn create_token(&mut self, token: &TokenRecord) -> Result<Reply, Fail> {
+        let insert = sqlx::query(
+            "INSERT INTO api_tokens (id, hash, role, tenant, agent, label, created_at, revoked) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&token.id)
+        .bind(&token.hash)
+        .bind(token.role.as_str())
+        .bind(token.tenant.as_ref().map(|tenant| tenant.as_str()))
+        .bind(token.agent.as_ref().map(|agent| agent.as_str()))
+        .bind(&token.label)
+        .bind(token.created_at.0)
+        .bind(token.revoked);
+        let Err(error) = self.write(insert).await else {
+            return Ok(Reply::Done);
+        };
+        let tenant = token.tenant.as_ref().map_or("", |tenant| tenant.as_str());
+        let agent = token.agent.as_ref().map(|agent| agent.as_str());
+        // Never name the hash: it identifies the secret.
+        Err(self
+            .parent_failure(&error, tenant, agent, || {
+                format!("token {} (or a token with the same secret)", token.id)
+            })
+            .await)
+    }
+
+    async fn put_permission(&mut self, permission: &Permission) -> Result<Reply, Fail> {
+        let sql = match permission.agent {
+            None => {
+                "INSERT INTO tool_permissions (tenant, agent, tool, enabled, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, tool) WHERE agent IS NULL \
+                 DO UPDATE SET enabled = excluded.enabled, updated_at = excluded.updated_at"
+            }
+            Some(_) => {
+                "INSERT INTO tool_permissions (tenant, agent, tool, enabled, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, agent, tool) \
+                 WHERE agent IS NOT NULL \
+                 DO UPDATE SET enabled = excluded.enabled, updated_at = excluded.updated_at"
+            }
+        };
+        let upsert = sqlx::query(sql)
+            .bind(permission.tenant.as_str())
+            .bind(permission.agent.as_ref().map(|agent| agent.as_str()))
+            .bind(permission.tool.as_str())
+            .bind(permission.enabled)
+            .bind(permission.updated_at.0);
+        let Err(error) = self.write(upsert).await else {
+            return Ok(Reply::Done);
+        };
+        let agent = permission.agent.as_ref().map(|agent| agent.as_str());
+        Err(self
+            .parent_failure(&error, permission.tenant.as_str(), agent, || {
+                format!("grant of {}", permission.tool)
+            })
+            .await)
+    }
+
+    async fn create_run(&mut self, run: &RunRecord, manifest: &str) -> Result<Reply, Fail> {
+        let insert = sqlx::query(
+            "INSERT INTO runs (id, tenant, agent, manifest, status, calls_used, max_calls, \
+             pending_approvals, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(run.id.as_str())
+        .bind(run.tenant.as_str())
+        .bind(run.agent.as_str())
+        .bind(manifest)
+        .bind(run.status.as_str())
+        .bind(run.calls_used)
+        .bind(run.max_calls)
+        .bind(run.pending_approvals)
+        .bind(run.created_at.0);
+        let Err(error) = self.write(insert).await else {
+            return Ok(Reply::Done);
+        };
+        Err(self
+            .parent_failure(
+                &error,
+                run.tenant.as_str(),
+                Some(run.agent.as_str()),
+                || format!("run {}", run.id),
+            )
+            .await)
+    }
+
+    /// See `Store::record_call`. The call row goes in first (`ON CONFLICT DO NOTHING`), so a
+    /// repeated `tool_use_id` is found without aborting anything.
+    async fn record_call(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
+        let insert = bind_call(sqlx::query(INSERT_CALL), prepared).bind(self.instance);
+        let inserted = match insert.fetch_optional(&mut *self.conn).await {
+            Ok(row) => row.is_some(),
+            Err(error) => {
+                return Err(match SqlFailure::classify(&error) {
+                    SqlFailure::ForeignKey => Fail::Op(LedgerError::NotFound(format!(
+                        "run {} of tenant {}",
+                        call.run, call.tenant
+                    ))),
+                    SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
+                    SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
+                    SqlFailure::Unique => {
+                        Fail::Op(LedgerError::AlreadyExists(format!("tool call {}", call.id)))
+                    }
+                });
+            }
+        };
+        if !inserted {
+            return self.duplicate(call).await;
+        }
+
+        let count_on_run = prepared.count_against_budget || prepared.pending.is_some();
+        if count_on_run {
+            let pending = i64::from(prepared.pending.is_some());
+            let used = i64::from(prepared.count_against_budget);
+            let update = sqlx::query(
+                "UPDATE runs SET calls_used = calls_used + $1, \
+                 pending_approvals = pending_approvals + $2, \
+                 status = CASE WHEN $2 > 0 THEN 'waiting_approval' ELSE status END \
+                 WHERE tenant = $3 AND id = $4 AND calls_used + $1 <= max_calls",
+            )
+            .bind(used)
+            .bind(pending)
+            .bind(call.tenant.as_str())
+            .bind(call.run.as_str());
+            let changed = self
+                .write(update)
+                .await
+                .map_err(|error| unexpected(&error))?;
+            if changed == 0 {
+                // The call row's foreign key proved the run exists: its budget is used up.
+                return self.block_for_budget(prepared).await;
+            }
+        }
+
+        if let Some((decision, policy_ids)) = &prepared.decision {
+            let insert = sqlx::query(
+                "INSERT INTO policy_decisions (id, tenant, tool_call_id, tool, decision, risk, \
+                 policy_ids, policy_version, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&decision.id)
+            .bind(decision.tenant.as_str())
+            .bind(decision.tool_call_id.as_str())
+            .bind(decision.tool.as_str())
+            .bind(decision.decision.as_str())
+            .bind(decision.risk.as_str())
+            .bind(policy_ids)
+            .bind(decision.policy_version)
+            .bind(decision.created_at.0);
+            self.write(insert).await.map_err(|error| {
+                write_failure(
+                    &error,
+                    || format!("policy decision {}", decision.id),
+                    || LedgerError::NotFound(format!("tool call {}", decision.tool_call_id)),
+                )
+            })?;
+        }
+
+        if let Some(pending) = &prepared.pending {
+            self.insert_pending(pending).await?;
+        }
+        for event in &prepared.events {
+            self.append(event).await?;
+        }
+        Ok(RecordOutcome::Recorded)
+    }
+
+    /// The call row was not inserted: a repeated `tool_use_id` (answer with the recorded
+    /// call) or a taken call id.
+    async fn duplicate(&mut self, call: &ToolCallRecord) -> Result<RecordOutcome, Fail> {
+        if let Some(tool_use_id) = &call.tool_use_id {
+            let existing = sqlx::query(concat!(
+                "SELECT ",
+                call_columns!(),
+                " FROM tool_calls WHERE tenant = $1 AND run = $2 AND tool_use_id = $3"
+            ))
+            .bind(call.tenant.as_str())
+            .bind(call.run.as_str())
+            .bind(tool_use_id.as_str())
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(read_failure)?;
+            if let Some(row) = existing {
+                let record = call_from_row(&row).map_err(Fail::Op)?;
+                return Ok(RecordOutcome::Duplicate(record));
+            }
+        }
+        Err(Fail::Op(LedgerError::AlreadyExists(format!(
+            "tool call {}",
+            call.id
+        ))))
+    }
+
+    /// Turns the just-inserted call into a `blocked` / `BUDGET_EXCEEDED` record with a
+    /// `tool_call.blocked` event; the decision and the pending invocation are not written, and
+    /// of the given events only `tool_call.requested` is kept.
+    async fn block_for_budget(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
+        let max_calls: i64 =
+            sqlx::query_scalar("SELECT max_calls FROM runs WHERE tenant = $1 AND id = $2")
+                .bind(call.tenant.as_str())
+                .bind(call.run.as_str())
+                .fetch_one(&mut *self.conn)
+                .await
+                .map_err(read_failure)?;
+        let mut blocked = call.clone();
+        blocked.status = ToolCallStatus::Blocked;
+        blocked.output_redacted = None;
+        blocked.error_code = Some(ErrorCode::BudgetExceeded);
+        blocked.error_text = Some(format!(
+            "the run has used its budget of {max_calls} tool calls"
+        ));
+        blocked.policy_decision_id = None;
+        blocked.risk_level = None;
+        blocked.duration_ms = None;
+
+        let update = sqlx::query(
+            "UPDATE tool_calls SET status = $1, output_redacted = NULL, error_code = $2, \
+             error_text = $3, policy_decision_id = NULL, risk_level = NULL, duration_ms = NULL \
+             WHERE id = $4",
+        )
+        .bind(blocked.status.as_str())
+        .bind(ErrorCode::BudgetExceeded.as_str())
+        .bind(blocked.error_text.clone())
+        .bind(blocked.id.as_str());
+        self.write(update)
+            .await
+            .map_err(|error| unexpected(&error))?;
+
+        for event in prepared
+            .events
+            .iter()
+            .filter(|event| event.kind == REQUESTED_EVENT)
+        {
+            self.append(event).await?;
+        }
+        let blocked_event = PreparedEvent {
+            tenant: call.tenant.as_str().to_owned(),
+            kind: "tool_call.blocked".to_owned(),
+            run: Some(call.run.as_str().to_owned()),
+            tool_call_id: Some(call.id.as_str().to_owned()),
+            payload: json!({ "reason": "budget_exceeded" }).to_string(),
+            at: call.updated_at.0,
+        };
+        self.append(&blocked_event).await?;
+        Ok(RecordOutcome::BudgetExceeded(blocked))
+    }
+
+    async fn finish_call(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
+        let finish = &prepared.finish;
+        let update = sqlx::query(
+            "UPDATE tool_calls SET status = $1, output_redacted = $2, error_code = $3, \
+             error_text = $4, duration_ms = $5, attempts = $6, updated_at = $7 \
+             WHERE id = $8 AND tenant = $9 AND status = 'running'",
+        )
+        .bind(finish.status.as_str())
+        .bind(prepared.output.clone())
+        .bind(finish.error_code.map(|code| code.as_str()))
+        .bind(finish.error_text.clone())
+        .bind(finish.duration_ms)
+        .bind(finish.attempts)
+        .bind(finish.at.0)
+        .bind(finish.id.as_str())
+        .bind(finish.tenant.as_str());
+        let changed = self
+            .write(update)
+            .await
+            .map_err(|error| unexpected(&error))?;
+        if changed == 0 {
+            return Ok(false);
+        }
+        for event in &prepared.events {
+            self.append(event).await?;
+        }
+        Ok(true)
+    }
+
+    /// The claim: the conditional UPDATE is the check. On another replica's concurrent claim
+    /// PostgreSQL makes this one wait for it and re-check the row, which is then no longer
+    /// pending at this version: exactly one claim changes it.
+    async fn resolve_pending(
+        &mut self,
+        resolution: &ResolvePending,
+        events: &[PreparedEvent],
+    ) -> Result<bool, Fail> {
+        let claim = sqlx::query(
+            "UPDATE pending_invocations SET state = $1, version = version + 1, decided_by = $2, \
+             reason = $3, decided_at = $4, arguments = NULL \
+             WHERE id = $5 AND tenant = $6 AND version = $7 AND state = 'pending' \
+             RETURNING tool_call_id, run",
+        )
+        .bind(resolution.state.as_str())
+        .bind(&resolution.decided_by)
+        .bind(&resolution.reason)
+        .bind(resolution.at.0)
+        .bind(&resolution.id)
+        .bind(resolution.tenant.as_str())
+        .bind(resolution.observed_version);
+        let Some(row) = claim
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(|error| unexpected(&error))?
+        else {
+            return Ok(false);
+        };
+        let tool_call_id: String = row.try_get("tool_call_id").map_err(read_failure)?;
+        let run: String = row.try_get("run").map_err(read_failure)?;
+        // An approved call runs next, in this process: it becomes this instance's call.
+        let update_call = sqlx::query(
+            "UPDATE tool_calls SET status = $1, error_code = $2, error_text = $3, updated_at = $4, \
+             owner = $5 WHERE id = $6 AND tenant = $7",
+        )
+        .bind(resolution.call_status.as_str())
+        .bind(resolution.error_code.map(|code| code.as_str()))
+        .bind(resolution.error_text.clone())
+        .bind(resolution.at.0)
+        .bind(self.instance)
+        .bind(tool_call_id)
+        .bind(resolution.tenant.as_str());
+        self.write(update_call)
+            .await
+            .map_err(|error| unexpected(&error))?;
+        let update_run = sqlx::query(
+            "UPDATE runs SET pending_approvals = GREATEST(pending_approvals - 1, 0), \
+             status = CASE WHEN pending_approvals <= 1 AND status = 'waiting_approval' \
+             THEN 'active' ELSE status END WHERE tenant = $1 AND id = $2",
+        )
+        .bind(resolution.tenant.as_str())
+        .bind(run);
+        self.write(update_run)
+            .await
+            .map_err(|error| unexpected(&error))?;
+        for event in events {
+            self.append(event).await?;
+        }
+        Ok(true)
+    }
+
+    async fn insert_pending(&mut self, pending: &PreparedPending) -> Result<(), Fail> {
+        let record = &pending.record;
+        let insert = sqlx::query(INSERT_PENDING)
+            .bind(&record.id)
+            .bind(record.tenant.as_str())
+            .bind(record.run.as_str())
+            .bind(record.tool_call_id.as_str())
+            .bind(record.tool.as_str())
+            .bind(&pending.arguments)
+            .bind(&record.args_hash)
+            .bind(&pending.manifest)
+            .bind(record.policy_version)
+            .bind(record.origin.as_str())
+            .bind(record.decision.as_str())
+            .bind(record.state.as_str())
+            .bind(record.version)
+            .bind(record.expires_at.0)
+            .bind(record.created_at.0);
+        self.write(insert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("pending invocation {}", record.id),
+                || {
+                    LedgerError::NotFound(format!(
+                        "run {} or tool call {}",
+                        record.run, record.tool_call_id
+                    ))
+                },
+            )
+        })?;
+        Ok(())
+    }
+
+    async fn add_pending(
+        &mut self,
+        pending: &PreparedPending,
+        events: &[PreparedEvent],
+    ) -> Result<Reply, Fail> {
+        self.insert_pending(pending).await?;
+        let update_run = sqlx::query(
+            "UPDATE runs SET pending_approvals = pending_approvals + 1, \
+             status = 'waiting_approval' WHERE tenant = $1 AND id = $2",
+        )
+        .bind(pending.record.tenant.as_str())
+        .bind(pending.record.run.as_str());
+        self.write(update_run)
+            .await
+            .map_err(|error| unexpected(&error))?;
+        for event in events {
+            self.append(event).await?;
+        }
+        Ok(Reply::Done)
+    }
+
+    async fn put_credential(&mut self, credential: &CredentialRecord) -> Result<Reply, Fail> {
+        let upsert = sqlx::query(
+            "INSERT INTO tenant_tool_secrets (tenant, name, kind, value, key_id, metadata, notes, \
+             created_by, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (tenant, name) DO UPDATE SET kind = excluded.kind, value = excluded.value, \
+             key_id = excluded.key_id, metadata = excluded.metadata, notes = excluded.notes, \
+             created_by = excluded.created_by, updated_at = excluded.updated_at",
+        )
+        .bind(credential.tenant.as_str())
+        .bind(credential.name.as_str())
+        .bind(credential.kind.as_str())
+        .bind(&credential.value)
+        .bind(credential.key_id.clone())
+        .bind(credential.metadata.to_string())
+        .bind(&credential.notes)
+        .bind(&credential.created_by)
+        .bind(credential.created_at.0)
+        .bind(credential.updated_at.0);
+        self.write(upsert).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("secret {} of tenant {}", credential.name, credential.tenant),
+                || LedgerError::NotFound(format!("tenant {}", credential.tenant)),
+            )
+        })?;
+        Ok(Reply::Done)
+    }
+
+    /// Appends one event to its tenant's chain, whose head the batch has locked.
+    async fn append(&mut self, event: &PreparedEvent) -> Result<(), Fail> {
+        let Some(previous) = self.heads.get(&event.tenant).cloned() else {
+            // Heads exist from a tenant's creation on, so a missing one means no tenant.
+            return Err(Fail::Op(LedgerError::NotFound(format!(
+                "tenant {}",
+                event.tenant
+            ))));
+        };
+        let link = link(self.heads, event).ok_or_else(|| {
+            Fail::Fatal(LedgerError::Database(
+                "internal: chain head vanished".into(),
+            ))
+        })?;
+        let insert = sqlx::query(
+            "INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, payload, at, \
+             prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&event.tenant)
+        .bind(link.chain_seq)
+        .bind(&event.kind)
+        .bind(event.run.clone())
+        .bind(event.tool_call_id.clone())
+        .bind(&event.payload)
+        .bind(event.at)
+        .bind(&link.prev_hash)
+        .bind(&link.hash);
+        self.undo.push((event.tenant.clone(), previous));
+        if let Err(error) = self.write(insert).await {
+            return Err(match SqlFailure::classify(&error) {
+                SqlFailure::ForeignKey => {
+                    Fail::Op(LedgerError::NotFound(format!("tenant {}", event.tenant)))
+                }
+                SqlFailure::Unique => Fail::Fatal(LedgerError::Database(format!(
+                    "the audit chain of tenant {} moved while its head was locked",
+                    event.tenant
+                ))),
+                SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
+                SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A statement that should not be refused was: its reason is the answer.
+fn unexpected(error: &sqlx::Error) -> Fail {
+    write_failure(
+        error,
+        || "a row".into(),
+        || LedgerError::Database("unexpected foreign key failure".into()),
+    )
+}
+
+fn bind_call<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    prepared: &'q PreparedCall,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let call = &prepared.call;
+    query
+        .bind(call.id.as_str())
+        .bind(call.tenant.as_str())
+        .bind(call.run.as_str())
+        .bind(call.agent.as_str())
+        .bind(&call.tool)
+        .bind(call.action.as_deref())
+        .bind(call.tool_use_id.as_ref().map(|id| id.as_str()))
+        .bind(call.correlation_id.as_str())
+        .bind(call.status.as_str())
+        .bind(&call.args_hash)
+        .bind(&prepared.input)
+        .bind(prepared.output.as_deref())
+        .bind(call.error_code.map(|code| code.as_str()))
+        .bind(call.error_text.as_deref())
+        .bind(call.policy_decision_id.as_deref())
+        .bind(call.risk_level.map(|risk| risk.as_str()))
+        .bind(call.duration_ms)
+        .bind(call.attempts)
+        .bind(call.created_at.0)
+        .bind(call.updated_at.0)
+}

@@ -1,0 +1,817 @@
+//! The PostgreSQL writer task: group commit, as on SQLite, with the chain heads of a batch
+//! locked in the database rather than cached (other replicas append too).
+//!
+//! A batch is one transaction:
+//!
+//! 1. `BEGIN`, then lock and read the heads of every tenant the batch appends to, in tenant
+//!    order (`SELECT ... ORDER BY tenant FOR UPDATE`), so batches of different replicas never
+//!    wait on each other in a cycle.
+//! 2. *Fast path*, when every operation is a call, a finish or an append: all of them are one
+//!    statement (`BULK`, data-modifying CTEs over arrays, so its text, and its prepared
+//!    statement, is the same for any batch size) that also moves the heads and notifies
+//!    listeners. It assumes the common case (new calls within budget, calls still running);
+//!    if anything is refused, or a finish finds its call no longer running, the whole
+//!    transaction is rolled back and the batch runs the slow way, which answers precisely.
+//! 3. *Slow path*: each operation in its own savepoint, statement by statement (see `steps`);
+//!    a refused operation rolls back alone. Then the heads that moved are written, with a
+//!    notification, and the batch commits.
+//!
+//! A batch that hits a deadlock or serialization failure before its COMMIT was sent is run
+//! again (nothing of it was committed). A failure during COMMIT is not retried: the outcome is
+//! unknown, so the callers get the error.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection, Row};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::error::LedgerError;
+use crate::model::RecordOutcome;
+use crate::ops::{Command, OpKind, PreparedEvent, Reply, WriteOp};
+use crate::pg::EVENTS_CHANNEL;
+use crate::pg::steps::{Head, Link, Steps, link};
+use crate::rows::{Fail, SqlFailure};
+
+/// The most operations committed in one transaction.
+const MAX_BATCH: usize = 512;
+/// How often a batch is run again after a deadlock or serialization failure.
+const MAX_RETRIES: u32 = 5;
+
+/// Counters the store exposes through `stats()`.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) commits: AtomicU64,
+    pub(super) ops: AtomicU64,
+    pub(super) bulk_fallbacks: AtomicU64,
+    pub(super) step_by_step: AtomicU64,
+}
+
+pub(super) struct Writer {
+    conn: Option<PgConnection>,
+    options: PgConnectOptions,
+    rx: mpsc::Receiver<Command>,
+    counters: Arc<Counters>,
+    instance: i64,
+}
+
+/// Why a batch failed as a whole.
+enum BatchError {
+    /// Nothing was committed and running it again may succeed.
+    Retry(LedgerError),
+    /// The batch failed (or its outcome is unknown); every caller gets this error.
+    Failed(LedgerError),
+}
+
+impl Writer {
+    pub(super) fn new(
+        conn: PgConnection,
+        options: PgConnectOptions,
+        rx: mpsc::Receiver<Command>,
+        counters: Arc<Counters>,
+        instance: i64,
+    ) -> Writer {
+        Writer {
+            conn: Some(conn),
+            options,
+            rx,
+            counters,
+            instance,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        let mut closers = Vec::new();
+        while let Some(first) = self.rx.recv().await {
+            let mut ops = Vec::new();
+            let mut next = Some(first);
+            while let Some(command) = next.take() {
+                match command {
+                    Command::Write(op) => ops.push(op),
+                    Command::Close(done) => {
+                        closers.push(done);
+                        self.rx.close();
+                    }
+                }
+                if ops.len() < MAX_BATCH {
+                    next = self.rx.try_recv().ok();
+                }
+            }
+            if !ops.is_empty() {
+                self.commit_batch(ops).await;
+            }
+        }
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            warn!(%error, "closing the ledger write connection failed");
+        }
+        for done in closers {
+            let _ = done.send(());
+        }
+    }
+
+    async fn commit_batch(&mut self, ops: Vec<WriteOp>) {
+        let (kinds, replies): (Vec<OpKind>, Vec<_>) =
+            ops.into_iter().map(|op| (op.kind, op.reply)).unzip();
+        let mut attempt = 0;
+        let results = loop {
+            match self.run_batch(&kinds).await {
+                Ok(results) => break results,
+                Err(BatchError::Retry(error)) if attempt < MAX_RETRIES => {
+                    attempt += 1;
+                    warn!(%error, attempt, "ledger batch conflicted; running it again");
+                }
+                Err(BatchError::Retry(error) | BatchError::Failed(error)) => {
+                    warn!(%error, ops = kinds.len(), "ledger batch failed");
+                    break kinds.iter().map(|_| Err(copy_error(&error))).collect();
+                }
+            }
+        };
+        self.counters.ops.fetch_add(
+            u64::try_from(kinds.len()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        for (reply, result) in replies.into_iter().zip(results) {
+            let _ = reply.send(result);
+        }
+    }
+
+    async fn connection(&mut self) -> Result<&mut PgConnection, BatchError> {
+        if self.conn.is_none() {
+            let conn = self.options.connect().await.map_err(|error| {
+                BatchError::Failed(LedgerError::Database(format!(
+                    "could not reconnect to PostgreSQL: {error}"
+                )))
+            })?;
+            self.conn = Some(conn);
+        }
+        self.conn.as_mut().ok_or_else(|| {
+            BatchError::Failed(LedgerError::Database("internal: no connection".into()))
+        })
+    }
+
+    async fn run_batch(
+        &mut self,
+        ops: &[OpKind],
+    ) -> Result<Vec<Result<Reply, LedgerError>>, BatchError> {
+        let tenants = chain_tenants(ops);
+        let fast = fast_eligible(ops);
+        if fast {
+            let heads = self.begin(&tenants).await?;
+            match self.bulk(ops, heads).await {
+                Ok(Some(replies)) => {
+                    self.commit().await?;
+                    return Ok(replies.into_iter().map(Ok).collect());
+                }
+                Ok(None) => {
+                    self.counters.bulk_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    self.rollback().await?;
+                }
+                Err(error) => {
+                    self.rollback().await?;
+                    return Err(error);
+                }
+            }
+        }
+        let heads = self.begin(&tenants).await?;
+        match self.slow(ops, heads).await {
+            Ok(results) => {
+                self.commit().await?;
+                Ok(results)
+            }
+            Err(error) => {
+                self.rollback().await?;
+                Err(error)
+            }
+        }
+    }
+
+    /// Opens the transaction and locks the heads of `tenants` (sorted).
+    async fn begin(&mut self, tenants: &[String]) -> Result<HashMap<String, Head>, BatchError> {
+        let conn = self.connection().await?;
+        if let Err(error) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
+            return Err(self.lost(&error, "BEGIN"));
+        }
+        let conn = self.connection().await?;
+        let rows = sqlx::query(
+            "SELECT tenant, chain_seq, hash FROM audit_heads WHERE tenant = ANY($1) \
+             ORDER BY tenant FOR UPDATE",
+        )
+        .bind(tenants)
+        .fetch_all(&mut *conn)
+        .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                let failure = self.classify(&error, "locking the audit chain heads");
+                self.rollback().await?;
+                return Err(failure);
+            }
+        };
+        let mut heads = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let tenant: String = row.try_get("tenant").map_err(decode)?;
+            let chain_seq: i64 = row.try_get("chain_seq").map_err(decode)?;
+            let hash: String = row.try_get("hash").map_err(decode)?;
+            heads.insert(tenant, Head { chain_seq, hash });
+        }
+        Ok(heads)
+    }
+
+    async fn commit(&mut self) -> Result<(), BatchError> {
+        let conn = self.connection().await?;
+        match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
+            Ok(_) => {
+                self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => {
+                // Whether it committed is unknown: never run the batch again.
+                let message = format!("COMMIT failed, outcome unknown: {error}");
+                self.conn = None;
+                Err(BatchError::Failed(LedgerError::Database(message)))
+            }
+        }
+    }
+
+    async fn rollback(&mut self) -> Result<(), BatchError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+            // The connection is unusable; the server drops the transaction with it.
+            self.conn = None;
+        }
+        Ok(())
+    }
+
+    /// A control statement failed: the connection is suspect, drop it. Nothing committed.
+    fn lost(&mut self, error: &sqlx::Error, what: &str) -> BatchError {
+        self.conn = None;
+        BatchError::Retry(LedgerError::Database(format!("{what} failed: {error}")))
+    }
+
+    fn classify(&mut self, error: &sqlx::Error, what: &str) -> BatchError {
+        if retryable(error) {
+            return BatchError::Retry(LedgerError::Database(format!("{what}: {error}")));
+        }
+        if !matches!(error, sqlx::Error::Database(_)) {
+            self.conn = None;
+            return BatchError::Retry(LedgerError::Database(format!("{what}: {error}")));
+        }
+        BatchError::Failed(LedgerError::Database(format!("{what}: {error}")))
+    }
+
+    /// The fast path; `None` when the statement was refused or did not apply everywhere (the
+    /// transaction must then be rolled back).
+    async fn bulk(
+        &mut self,
+        ops: &[OpKind],
+        mut heads: HashMap<String, Head>,
+    ) -> Result<Option<Vec<Reply>>, BatchError> {
+        let mut arrays = Bulk::default();
+        let mut replies = Vec::with_capacity(ops.len());
+        for op in ops {
+            let events = match op {
+                OpKind::RecordCall(prepared) => {
+                    arrays.call(prepared, self.instance);
+                    replies.push(Reply::Recorded(Box::new(RecordOutcome::Recorded)));
+                    &prepared.events
+                }
+                OpKind::FinishCall(prepared) => {
+                    arrays.finish(prepared);
+                    replies.push(Reply::Finished(true));
+                    &prepared.events
+                }
+                OpKind::AppendEvents(events) => {
+                    replies.push(Reply::Done);
+                    events
+                }
+                _ => return Ok(None),
+            };
+            for event in events {
+                let Some(link) = link(&mut heads, event) else {
+                    // No head: no such tenant. The slow path says so precisely.
+                    return Ok(None);
+                };
+                arrays.event(event, link);
+            }
+        }
+        let moved: Vec<(&String, &Head)> = heads
+            .iter()
+            .filter(|(tenant, _)| arrays.event_tenants.contains(*tenant))
+            .collect();
+        let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
+        let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
+        let query = arrays.bind(sqlx::query(BULK)).bind(finishes);
+        let query = query
+            .bind(
+                moved
+                    .iter()
+                    .map(|(tenant, _)| (*tenant).clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                moved
+                    .iter()
+                    .map(|(_, head)| head.chain_seq)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                moved
+                    .iter()
+                    .map(|(_, head)| head.hash.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(EVENTS_CHANNEL);
+        let conn = self.connection().await?;
+        match query.fetch_one(&mut *conn).await {
+            Ok(row) => {
+                let finished: i64 = row.try_get("finished").map_err(decode)?;
+                let heads_moved: i64 = row.try_get("heads").map_err(decode)?;
+                if finished == finishes && heads_moved == head_count {
+                    Ok(Some(replies))
+                } else {
+                    Ok(None)
+                }
+            }
+            Err(error) if matches!(error, sqlx::Error::Database(_)) && !retryable(&error) => {
+                match SqlFailure::classify(&error) {
+                    SqlFailure::Fatal(_) => Err(self.classify(&error, "writing a batch")),
+                    _ => Ok(None),
+                }
+            }
+            Err(error) => Err(self.classify(&error, "writing a batch")),
+        }
+    }
+
+    /// The slow path: every operation in its own savepoint, then the heads that moved.
+    async fn slow(
+        &mut self,
+        ops: &[OpKind],
+        mut heads: HashMap<String, Head>,
+    ) -> Result<Vec<Result<Reply, LedgerError>>, BatchError> {
+        let mut results = Vec::with_capacity(ops.len());
+        let mut moved: HashSet<String> = HashSet::new();
+        let instance = self.instance;
+        for op in ops {
+            if matches!(
+                op,
+                OpKind::RecordCall(_) | OpKind::FinishCall(_) | OpKind::AppendEvents(_)
+            ) {
+                self.counters.step_by_step.fetch_add(1, Ordering::Relaxed);
+            }
+            self.control("SAVEPOINT op").await?;
+            let conn = self.connection().await?;
+            let mut steps = Steps {
+                conn,
+                heads: &mut heads,
+                undo: Vec::new(),
+                instance,
+            };
+            let result = steps.apply(op).await;
+            let undo = steps.undo;
+            match result {
+                Ok(reply) => {
+                    self.control("RELEASE SAVEPOINT op").await?;
+                    moved.extend(undo.into_iter().map(|(tenant, _)| tenant));
+                    results.push(Ok(reply));
+                }
+                Err(Fail::Op(error)) => {
+                    self.control("ROLLBACK TO SAVEPOINT op").await?;
+                    for (tenant, head) in undo.into_iter().rev() {
+                        heads.insert(tenant, head);
+                    }
+                    results.push(Err(error));
+                }
+                Err(Fail::Fatal(error)) => {
+                    return Err(match error {
+                        LedgerError::Database(message) if is_conflict_message(&message) => {
+                            BatchError::Retry(LedgerError::Database(message))
+                        }
+                        other => BatchError::Failed(other),
+                    });
+                }
+            }
+        }
+        if !moved.is_empty() {
+            let moved: Vec<(String, Head)> = moved
+                .into_iter()
+                .filter_map(|tenant| heads.get(&tenant).cloned().map(|head| (tenant, head)))
+                .collect();
+            let conn = self.connection().await?;
+            let written = sqlx::query(MOVE_HEADS)
+                .bind(
+                    moved
+                        .iter()
+                        .map(|(tenant, _)| tenant.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    moved
+                        .iter()
+                        .map(|(_, head)| head.chain_seq)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    moved
+                        .iter()
+                        .map(|(_, head)| head.hash.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(EVENTS_CHANNEL)
+                .fetch_one(&mut *conn)
+                .await;
+            match written {
+                Ok(row) => {
+                    let count: i64 = row.try_get("heads").map_err(decode)?;
+                    if count != i64::try_from(moved.len()).unwrap_or(i64::MAX) {
+                        return Err(BatchError::Failed(LedgerError::Corrupt(
+                            "an audit chain head vanished during a batch".into(),
+                        )));
+                    }
+                }
+                Err(error) => return Err(self.classify(&error, "moving the audit chain heads")),
+            }
+        }
+        Ok(results)
+    }
+
+    async fn control(&mut self, sql: &'static str) -> Result<(), BatchError> {
+        let conn = self.connection().await?;
+        match sqlx::raw_sql(sql).execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            Err(error) => Err(self.classify(&error, sql)),
+        }
+    }
+}
+
+/// Tenants whose chains a batch appends to, sorted (the order their heads are locked in).
+fn chain_tenants(ops: &[OpKind]) -> Vec<String> {
+    let mut tenants = BTreeSet::new();
+    for op in ops {
+        let events: &[PreparedEvent] = match op {
+            OpKind::RecordCall(prepared) => {
+                // A call blocked for its budget gets a `tool_call.blocked` event.
+                tenants.insert(prepared.call.tenant.as_str().to_owned());
+                &prepared.events
+            }
+            OpKind::FinishCall(prepared) => &prepared.events,
+            OpKind::AppendEvents(events) => events,
+            OpKind::ResolvePending(resolution) => &resolution.1,
+            OpKind::AddPending(pending) => &pending.1,
+            _ => &[],
+        };
+        tenants.extend(events.iter().map(|event| event.tenant.clone()));
+    }
+    tenants.into_iter().collect()
+}
+
+/// Whether a batch can take the fast path: only calls, finishes and appends, no call finished
+/// twice (the second must see the first), and no call both recorded and finished.
+fn fast_eligible(ops: &[OpKind]) -> bool {
+    let mut finishing = HashSet::new();
+    ops.iter().all(|op| match op {
+        OpKind::RecordCall(_) | OpKind::AppendEvents(_) => true,
+        OpKind::FinishCall(prepared) => finishing.insert(prepared.finish.id.as_str()),
+        _ => false,
+    })
+}
+
+/// Deadlocks and serialization failures: the transaction was rolled back, try again.
+fn retryable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
+    }
+}
+
+fn is_conflict_message(message: &str) -> bool {
+    message.contains("deadlock detected") || message.contains("could not serialize")
+}
+
+fn decode(error: sqlx::Error) -> BatchError {
+    BatchError::Failed(LedgerError::Corrupt(error.to_string()))
+}
+
+/// `LedgerError` is not `Clone`; one batch failure answers many callers.
+fn copy_error(error: &LedgerError) -> LedgerError {
+    match error {
+        LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
+        LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
+        LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
+        LedgerError::Database(what) => LedgerError::Database(what.clone()),
+        LedgerError::Closed => LedgerError::Closed,
+    }
+}
+
+/// Moves the heads that a slow batch moved and notifies listeners (delivered at commit).
+const MOVE_HEADS: &str = "WITH h AS (UPDATE audit_heads SET chain_seq = y.chain_seq, \
+     hash = y.hash FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS y(tenant, chain_seq, hash) \
+     WHERE audit_heads.tenant = y.tenant RETURNING 1) \
+     SELECT (SELECT count(*) FROM h) AS heads, pg_notify($4, '') IS NULL AS notified";
+
+/// Every call, finish and append of a fast batch in one statement. Sub-statements of one
+/// statement see the same snapshot and their foreign keys are checked at its end, so a call
+/// and its decision, pending invocation and events can all go in together.
+const BULK: &str = "WITH \
+     c AS (INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
+        correlation_id, status, args_hash, input_redacted, output_redacted, error_code, \
+        error_text, policy_decision_id, risk_level, duration_ms, attempts, created_at, \
+        updated_at, owner) \
+        SELECT u.*, $21::bigint FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+        $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
+        $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::bigint[], \
+        $18::bigint[], $19::bigint[], $20::bigint[]) AS u RETURNING 1), \
+     r AS (UPDATE runs SET calls_used = runs.calls_used + a.used, \
+        pending_approvals = runs.pending_approvals + a.pending, \
+        status = CASE WHEN a.pending > 0 THEN 'waiting_approval' ELSE runs.status END \
+        FROM (SELECT x.t, x.r, SUM(x.u)::bigint AS used, SUM(x.p)::bigint AS pending \
+              FROM UNNEST($22::text[], $23::text[], $24::bigint[], $25::bigint[]) AS x(t, r, u, p) \
+              GROUP BY x.t, x.r) AS a \
+        WHERE runs.tenant = a.t AND runs.id = a.r RETURNING 1), \
+     d AS (INSERT INTO policy_decisions (id, tenant, tool_call_id, tool, decision, risk, \
+        policy_ids, policy_version, created_at) \
+        SELECT * FROM UNNEST($26::text[], $27::text[], $28::text[], $29::text[], $30::text[], \
+        $31::text[], $32::text[], $33::bigint[], $34::bigint[]) RETURNING 1), \
+     p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, arguments, \
+        args_hash, manifest, policy_version, origin, decision, state, version, expires_at, \
+        created_at) \
+        SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], $39::text[], \
+        $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], $45::text[], \
+        $46::text[], $47::bigint[], $48::bigint[], $49::bigint[]) RETURNING 1), \
+     f AS (UPDATE tool_calls SET status = v.status, output_redacted = v.output, \
+        error_code = v.code, error_text = v.text, duration_ms = v.duration, \
+        attempts = v.attempts, updated_at = v.at \
+        FROM UNNEST($50::text[], $51::text[], $52::text[], $53::text[], $54::text[], \
+        $55::text[], $56::bigint[], $57::bigint[], $58::bigint[]) \
+        AS v(id, tenant, status, output, code, text, duration, attempts, at) \
+        WHERE tool_calls.id = v.id AND tool_calls.tenant = v.tenant \
+        AND tool_calls.status = 'running' RETURNING 1), \
+     e AS (INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, payload, at, \
+        prev_hash, hash) \
+        SELECT w.tenant, w.chain_seq, w.kind, w.run, w.tool_call_id, w.payload, w.at, \
+        w.prev_hash, w.hash \
+        FROM UNNEST($59::text[], $60::bigint[], $61::text[], $62::text[], $63::text[], \
+        $64::text[], $65::bigint[], $66::text[], $67::text[]) WITH ORDINALITY \
+        AS w(tenant, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, ord) \
+        ORDER BY w.ord RETURNING 1), \
+     h AS (UPDATE audit_heads SET chain_seq = y.chain_seq, hash = y.hash \
+        FROM UNNEST($69::text[], $70::bigint[], $71::text[]) AS y(tenant, chain_seq, hash) \
+        WHERE audit_heads.tenant = y.tenant RETURNING 1) \
+     SELECT (SELECT count(*) FROM f) AS finished, (SELECT count(*) FROM h) AS heads, \
+        (SELECT count(*) FROM c) + (SELECT count(*) FROM r) + (SELECT count(*) FROM d) \
+        + (SELECT count(*) FROM p) + (SELECT count(*) FROM e) AS written, \
+        $68::bigint AS expected_finishes, pg_notify($72, '') IS NULL AS notified";
+
+/// The columns of a fast batch, one array per column.
+#[derive(Default)]
+struct Bulk {
+    call_id: Vec<String>,
+    call_tenant: Vec<String>,
+    call_run: Vec<String>,
+    call_agent: Vec<String>,
+    call_tool: Vec<String>,
+    call_action: Vec<Option<String>>,
+    call_tool_use_id: Vec<Option<String>>,
+    call_correlation: Vec<String>,
+    call_status: Vec<String>,
+    call_args_hash: Vec<String>,
+    call_input: Vec<String>,
+    call_output: Vec<Option<String>>,
+    call_error_code: Vec<Option<String>>,
+    call_error_text: Vec<Option<String>>,
+    call_decision: Vec<Option<String>>,
+    call_risk: Vec<Option<String>>,
+    call_duration: Vec<Option<i64>>,
+    call_attempts: Vec<i64>,
+    call_created: Vec<i64>,
+    call_updated: Vec<i64>,
+    owner: i64,
+    count_tenant: Vec<String>,
+    count_run: Vec<String>,
+    count_used: Vec<i64>,
+    count_pending: Vec<i64>,
+    decision_id: Vec<String>,
+    decision_tenant: Vec<String>,
+    decision_call: Vec<String>,
+    decision_tool: Vec<String>,
+    decision_decision: Vec<String>,
+    decision_risk: Vec<String>,
+    decision_policy_ids: Vec<String>,
+    decision_version: Vec<i64>,
+    decision_created: Vec<i64>,
+    pending_id: Vec<String>,
+    pending_tenant: Vec<String>,
+    pending_run: Vec<String>,
+    pending_call: Vec<String>,
+    pending_tool: Vec<String>,
+    pending_arguments: Vec<String>,
+    pending_args_hash: Vec<String>,
+    pending_manifest: Vec<String>,
+    pending_policy_version: Vec<i64>,
+    pending_origin: Vec<String>,
+    pending_decision: Vec<String>,
+    pending_state: Vec<String>,
+    pending_version: Vec<i64>,
+    pending_expires: Vec<i64>,
+    pending_created: Vec<i64>,
+    finish_id: Vec<String>,
+    finish_tenant: Vec<String>,
+    finish_status: Vec<String>,
+    finish_output: Vec<Option<String>>,
+    finish_code: Vec<Option<String>>,
+    finish_text: Vec<Option<String>>,
+    finish_duration: Vec<i64>,
+    finish_attempts: Vec<i64>,
+    finish_at: Vec<i64>,
+    event_tenant: Vec<String>,
+    event_chain_seq: Vec<i64>,
+    event_kind: Vec<String>,
+    event_run: Vec<Option<String>>,
+    event_call: Vec<Option<String>>,
+    event_payload: Vec<String>,
+    event_at: Vec<i64>,
+    event_prev: Vec<String>,
+    event_hash: Vec<String>,
+    event_tenants: HashSet<String>,
+}
+
+impl Bulk {
+    fn call(&mut self, prepared: &crate::ops::PreparedCall, owner: i64) {
+        let call = &prepared.call;
+        self.owner = owner;
+        self.call_id.push(call.id.as_str().to_owned());
+        self.call_tenant.push(call.tenant.as_str().to_owned());
+        self.call_run.push(call.run.as_str().to_owned());
+        self.call_agent.push(call.agent.as_str().to_owned());
+        self.call_tool.push(call.tool.clone());
+        self.call_action.push(call.action.clone());
+        self.call_tool_use_id
+            .push(call.tool_use_id.as_ref().map(|id| id.as_str().to_owned()));
+        self.call_correlation
+            .push(call.correlation_id.as_str().to_owned());
+        self.call_status.push(call.status.as_str().to_owned());
+        self.call_args_hash.push(call.args_hash.clone());
+        self.call_input.push(prepared.input.clone());
+        self.call_output.push(prepared.output.clone());
+        self.call_error_code
+            .push(call.error_code.map(|code| code.as_str().to_owned()));
+        self.call_error_text.push(call.error_text.clone());
+        self.call_decision.push(call.policy_decision_id.clone());
+        self.call_risk
+            .push(call.risk_level.map(|risk| risk.as_str().to_owned()));
+        self.call_duration.push(call.duration_ms);
+        self.call_attempts.push(call.attempts);
+        self.call_created.push(call.created_at.0);
+        self.call_updated.push(call.updated_at.0);
+        if prepared.count_against_budget || prepared.pending.is_some() {
+            self.count_tenant.push(call.tenant.as_str().to_owned());
+            self.count_run.push(call.run.as_str().to_owned());
+            self.count_used
+                .push(i64::from(prepared.count_against_budget));
+            self.count_pending
+                .push(i64::from(prepared.pending.is_some()));
+        }
+        if let Some((decision, policy_ids)) = &prepared.decision {
+            self.decision_id.push(decision.id.clone());
+            self.decision_tenant
+                .push(decision.tenant.as_str().to_owned());
+            self.decision_call
+                .push(decision.tool_call_id.as_str().to_owned());
+            self.decision_tool.push(decision.tool.as_str().to_owned());
+            self.decision_decision
+                .push(decision.decision.as_str().to_owned());
+            self.decision_risk.push(decision.risk.as_str().to_owned());
+            self.decision_policy_ids.push(policy_ids.clone());
+            self.decision_version.push(decision.policy_version);
+            self.decision_created.push(decision.created_at.0);
+        }
+        if let Some(pending) = &prepared.pending {
+            let record = &pending.record;
+            self.pending_id.push(record.id.clone());
+            self.pending_tenant.push(record.tenant.as_str().to_owned());
+            self.pending_run.push(record.run.as_str().to_owned());
+            self.pending_call
+                .push(record.tool_call_id.as_str().to_owned());
+            self.pending_tool.push(record.tool.as_str().to_owned());
+            self.pending_arguments.push(pending.arguments.clone());
+            self.pending_args_hash.push(record.args_hash.clone());
+            self.pending_manifest.push(pending.manifest.clone());
+            self.pending_policy_version.push(record.policy_version);
+            self.pending_origin.push(record.origin.as_str().to_owned());
+            self.pending_decision
+                .push(record.decision.as_str().to_owned());
+            self.pending_state.push(record.state.as_str().to_owned());
+            self.pending_version.push(record.version);
+            self.pending_expires.push(record.expires_at.0);
+            self.pending_created.push(record.created_at.0);
+        }
+    }
+
+    fn finish(&mut self, prepared: &crate::ops::PreparedFinish) {
+        let finish = &prepared.finish;
+        self.finish_id.push(finish.id.as_str().to_owned());
+        self.finish_tenant.push(finish.tenant.as_str().to_owned());
+        self.finish_status.push(finish.status.as_str().to_owned());
+        self.finish_output.push(prepared.output.clone());
+        self.finish_code
+            .push(finish.error_code.map(|code| code.as_str().to_owned()));
+        self.finish_text.push(finish.error_text.clone());
+        self.finish_duration.push(finish.duration_ms);
+        self.finish_attempts.push(finish.attempts);
+        self.finish_at.push(finish.at.0);
+    }
+
+    fn event(&mut self, event: &PreparedEvent, link: Link) {
+        self.event_tenants.insert(event.tenant.clone());
+        self.event_tenant.push(event.tenant.clone());
+        self.event_chain_seq.push(link.chain_seq);
+        self.event_kind.push(event.kind.clone());
+        self.event_run.push(event.run.clone());
+        self.event_call.push(event.tool_call_id.clone());
+        self.event_payload.push(event.payload.clone());
+        self.event_at.push(event.at);
+        self.event_prev.push(link.prev_hash);
+        self.event_hash.push(link.hash);
+    }
+
+    /// Binds parameters $1 to $67 in order.
+    fn bind(
+        self,
+        query: sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(self.call_id)
+            .bind(self.call_tenant)
+            .bind(self.call_run)
+            .bind(self.call_agent)
+            .bind(self.call_tool)
+            .bind(self.call_action)
+            .bind(self.call_tool_use_id)
+            .bind(self.call_correlation)
+            .bind(self.call_status)
+            .bind(self.call_args_hash)
+            .bind(self.call_input)
+            .bind(self.call_output)
+            .bind(self.call_error_code)
+            .bind(self.call_error_text)
+            .bind(self.call_decision)
+            .bind(self.call_risk)
+            .bind(self.call_duration)
+            .bind(self.call_attempts)
+            .bind(self.call_created)
+            .bind(self.call_updated)
+            .bind(self.owner)
+            .bind(self.count_tenant)
+            .bind(self.count_run)
+            .bind(self.count_used)
+            .bind(self.count_pending)
+            .bind(self.decision_id)
+            .bind(self.decision_tenant)
+            .bind(self.decision_call)
+            .bind(self.decision_tool)
+            .bind(self.decision_decision)
+            .bind(self.decision_risk)
+            .bind(self.decision_policy_ids)
+            .bind(self.decision_version)
+            .bind(self.decision_created)
+            .bind(self.pending_id)
+            .bind(self.pending_tenant)
+            .bind(self.pending_run)
+            .bind(self.pending_call)
+            .bind(self.pending_tool)
+            .bind(self.pending_arguments)
+            .bind(self.pending_args_hash)
+            .bind(self.pending_manifest)
+            .bind(self.pending_policy_version)
+            .bind(self.pending_origin)
+            .bind(self.pending_decision)
+            .bind(self.pending_state)
+            .bind(self.pending_version)
+            .bind(self.pending_expires)
+            .bind(self.pending_created)
+            .bind(self.finish_id)
+            .bind(self.finish_tenant)
+            .bind(self.finish_status)
+            .bind(self.finish_output)
+            .bind(self.finish_code)
+            .bind(self.finish_text)
+            .bind(self.finish_duration)
+            .bind(self.finish_attempts)
+            .bind(self.finish_at)
+            .bind(self.event_tenant)
+            .bind(self.event_chain_seq)
+            .bind(self.event_kind)
+            .bind(self.event_run)
+            .bind(self.event_call)
+            .bind(self.event_payload)
+            .bind(self.event_at)
+            .bind(self.event_prev)
+            .bind(self.event_hash)
+    }
+}

@@ -1,0 +1,234 @@
+-- toolgate ledger schema for PostgreSQL: the same tables as the SQLite schema (migrations/sqlite,
+-- 0001 to 0003 together), in PostgreSQL's types, for several gateway replicas sharing one
+-- database.
+--
+-- Conventions: timestamps are BIGINT unix milliseconds (UTC); JSON values are TEXT holding
+-- exactly the text that was written (audit payloads are hashed as text, so they must come back
+-- byte for byte, which JSONB would not do); booleans are BOOLEAN; stable names (statuses,
+-- roles, codes) are TEXT as the Rust types spell them.
+
+CREATE TABLE tenants (
+    id         TEXT   NOT NULL PRIMARY KEY,
+    name       TEXT   NOT NULL,
+    created_at BIGINT NOT NULL
+);
+
+CREATE TABLE agents (
+    tenant     TEXT   NOT NULL REFERENCES tenants (id),
+    id         TEXT   NOT NULL,
+    name       TEXT   NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant, id)
+);
+
+-- Only the SHA-256 of a token is stored. `tenant` is NULL for admin tokens; `agent` binds an
+-- agent token to one agent (MATCH SIMPLE skips the composite foreign key when agent is NULL).
+CREATE TABLE api_tokens (
+    id         TEXT    NOT NULL PRIMARY KEY,
+    hash       TEXT    NOT NULL UNIQUE,
+    role       TEXT    NOT NULL CHECK (role IN ('admin', 'agent', 'approver')),
+    tenant     TEXT    REFERENCES tenants (id),
+    agent      TEXT,
+    label      TEXT    NOT NULL,
+    created_at BIGINT  NOT NULL,
+    revoked    BOOLEAN NOT NULL DEFAULT FALSE,
+    CHECK (agent IS NULL OR tenant IS NOT NULL),
+    FOREIGN KEY (tenant, agent) REFERENCES agents (tenant, id)
+);
+
+CREATE INDEX api_tokens_tenant ON api_tokens (tenant);
+
+-- A grant binds a tool to a whole tenant (agent IS NULL) or to one agent; each case has its
+-- own partial unique index, and upserts name the matching one.
+CREATE TABLE tool_permissions (
+    tenant     TEXT    NOT NULL REFERENCES tenants (id),
+    agent      TEXT,
+    tool       TEXT    NOT NULL,
+    enabled    BOOLEAN NOT NULL,
+    updated_at BIGINT  NOT NULL,
+    FOREIGN KEY (tenant, agent) REFERENCES agents (tenant, id)
+);
+
+CREATE UNIQUE INDEX tool_permissions_tenant_wide
+    ON tool_permissions (tenant, tool) WHERE agent IS NULL;
+CREATE UNIQUE INDEX tool_permissions_per_agent
+    ON tool_permissions (tenant, agent, tool) WHERE agent IS NOT NULL;
+
+CREATE TABLE feature_flags (
+    tenant     TEXT    NOT NULL REFERENCES tenants (id),
+    flag       TEXT    NOT NULL,
+    enabled    BOOLEAN NOT NULL,
+    updated_at BIGINT  NOT NULL,
+    PRIMARY KEY (tenant, flag)
+);
+
+CREATE TABLE policy_sets (
+    tenant     TEXT   NOT NULL REFERENCES tenants (id),
+    version    BIGINT NOT NULL CHECK (version >= 1),
+    text       TEXT   NOT NULL,
+    created_by TEXT   NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant, version)
+);
+
+CREATE TABLE runs (
+    id                TEXT   NOT NULL PRIMARY KEY,
+    tenant            TEXT   NOT NULL,
+    agent             TEXT   NOT NULL,
+    manifest          TEXT   NOT NULL, -- JSON array of tool names
+    status            TEXT   NOT NULL CHECK (status IN ('active', 'waiting_approval', 'completed')),
+    calls_used        BIGINT NOT NULL CHECK (calls_used >= 0),
+    max_calls         BIGINT NOT NULL CHECK (max_calls >= 0),
+    pending_approvals BIGINT NOT NULL CHECK (pending_approvals >= 0),
+    created_at        BIGINT NOT NULL,
+    -- The budget: a counted call that would exceed it is refused by this constraint.
+    CONSTRAINT runs_budget CHECK (calls_used <= max_calls),
+    UNIQUE (tenant, id),
+    FOREIGN KEY (tenant, agent) REFERENCES agents (tenant, id)
+);
+
+-- `seq` is the insertion order; pages of a run's calls are ordered by it. `owner` is the
+-- gateway process that recorded the call (its instance key, also the key of the session-level
+-- advisory lock that process holds while it lives): a call still `running` whose owner no
+-- longer holds its lock was interrupted by a crash.
+CREATE TABLE tool_calls (
+    seq                BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                 TEXT   NOT NULL UNIQUE,
+    tenant             TEXT   NOT NULL,
+    run                TEXT   NOT NULL,
+    agent              TEXT   NOT NULL,
+    tool               TEXT   NOT NULL,
+    action             TEXT,
+    tool_use_id        TEXT,
+    correlation_id     TEXT   NOT NULL,
+    status             TEXT   NOT NULL,
+    args_hash          TEXT   NOT NULL,
+    input_redacted     TEXT   NOT NULL, -- JSON
+    output_redacted    TEXT,            -- JSON
+    error_code         TEXT,
+    error_text         TEXT,
+    policy_decision_id TEXT,
+    risk_level         TEXT,
+    duration_ms        BIGINT,
+    attempts           BIGINT NOT NULL,
+    created_at         BIGINT NOT NULL,
+    updated_at         BIGINT NOT NULL,
+    owner              BIGINT NOT NULL,
+    FOREIGN KEY (tenant, run) REFERENCES runs (tenant, id)
+);
+
+-- The runtime's idempotency key: one call per (run, tool_use_id).
+CREATE UNIQUE INDEX tool_calls_run_tool_use_id
+    ON tool_calls (run, tool_use_id) WHERE tool_use_id IS NOT NULL;
+CREATE INDEX tool_calls_run ON tool_calls (run, seq);
+-- Calls still `running`: only the handful in flight.
+CREATE INDEX tool_calls_running ON tool_calls (owner, seq) WHERE status = 'running';
+
+CREATE TABLE policy_decisions (
+    id             TEXT   NOT NULL PRIMARY KEY,
+    tenant         TEXT   NOT NULL,
+    tool_call_id   TEXT   NOT NULL REFERENCES tool_calls (id),
+    tool           TEXT   NOT NULL,
+    decision       TEXT   NOT NULL,
+    risk           TEXT   NOT NULL,
+    policy_ids     TEXT   NOT NULL, -- JSON array of policy ids
+    policy_version BIGINT NOT NULL,
+    created_at     BIGINT NOT NULL
+);
+
+-- A suspended call. Claims are conditional updates naming the exact `version` observed.
+-- `arguments` is kept only while the row is pending (NULL once resolved).
+CREATE TABLE pending_invocations (
+    id             TEXT   NOT NULL PRIMARY KEY,
+    tenant         TEXT   NOT NULL,
+    run            TEXT   NOT NULL,
+    tool_call_id   TEXT   NOT NULL REFERENCES tool_calls (id),
+    tool           TEXT   NOT NULL,
+    arguments      TEXT,            -- JSON
+    args_hash      TEXT   NOT NULL,
+    manifest       TEXT   NOT NULL, -- JSON array of tool names
+    policy_version BIGINT NOT NULL,
+    origin         TEXT   NOT NULL CHECK (origin IN ('APPROVAL_REQUIRED', 'POLICY_DENIED', 'EXECUTION_FAILED')),
+    decision       TEXT   NOT NULL,
+    state          TEXT   NOT NULL CHECK (state IN ('pending', 'approved', 'rejected')),
+    version        BIGINT NOT NULL,
+    expires_at     BIGINT NOT NULL,
+    created_at     BIGINT NOT NULL,
+    decided_by     TEXT,
+    reason         TEXT,
+    decided_at     BIGINT,
+    FOREIGN KEY (tenant, run) REFERENCES runs (tenant, id)
+);
+
+CREATE INDEX pending_invocations_run ON pending_invocations (tenant, run, state);
+CREATE INDEX pending_invocations_expiry ON pending_invocations (state, expires_at);
+
+-- The audit trail: one hash chain per tenant. `seq` is the global insertion order; `chain_seq`
+-- is the position in the tenant's chain, 1, 2, 3, ... without gaps. Appends of one tenant are
+-- serialized by locking its `audit_heads` row, so `chain_seq` order is also commit order: a
+-- reader's cursor never skips an event that commits later.
+CREATE TABLE audit_events (
+    seq          BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant       TEXT   NOT NULL REFERENCES tenants (id),
+    chain_seq    BIGINT NOT NULL CHECK (chain_seq >= 1),
+    kind         TEXT   NOT NULL,
+    run          TEXT,
+    tool_call_id TEXT,
+    payload      TEXT   NOT NULL, -- JSON, exactly the text that was hashed
+    at           BIGINT NOT NULL,
+    prev_hash    TEXT   NOT NULL,
+    hash         TEXT   NOT NULL,
+    UNIQUE (tenant, chain_seq)
+);
+
+CREATE INDEX audit_events_run ON audit_events (tenant, run, chain_seq) WHERE run IS NOT NULL;
+
+-- The newest event of each chain, created with its tenant (position 0, the genesis hash) and
+-- moved in the same transaction as every append. Writers lock it (SELECT ... FOR UPDATE) before
+-- appending, which is what orders one tenant's appends across replicas.
+CREATE TABLE audit_heads (
+    tenant    TEXT   NOT NULL PRIMARY KEY REFERENCES tenants (id),
+    chain_seq BIGINT NOT NULL CHECK (chain_seq >= 0),
+    hash      TEXT   NOT NULL
+);
+
+-- Tenant credentials for connectors: sealed (AES-256-GCM ciphertext `tgs1.<key id>.<base64>`,
+-- `key_id` names the master key, never stored here) or a reference (`env:NAME`, `file:/path`).
+CREATE TABLE tenant_tool_secrets (
+    tenant     TEXT   NOT NULL REFERENCES tenants (id),
+    name       TEXT   NOT NULL,
+    kind       TEXT   NOT NULL CHECK (kind IN ('sealed', 'reference')),
+    value      TEXT   NOT NULL,
+    key_id     TEXT,
+    metadata   TEXT   NOT NULL DEFAULT '{}', -- JSON object, never secret material
+    notes      TEXT   NOT NULL DEFAULT '',
+    created_by TEXT   NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant, name),
+    CHECK ((kind = 'sealed') = (key_id IS NOT NULL))
+);
+
+CREATE INDEX tenant_tool_secrets_key ON tenant_tool_secrets (key_id) WHERE key_id IS NOT NULL;
+
+-- Audit events are append-only and chain heads only move forward. These triggers stop every
+-- such change through SQL, including the ledger's own code. They are not a security boundary
+-- (a database owner can drop them); the hash chain plus `audit_heads` makes tampering evident
+-- to verification.
+CREATE FUNCTION toolgate_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', TG_ARGV[0] USING ERRCODE = 'integrity_constraint_violation';
+END
+$$;
+
+CREATE TRIGGER audit_events_no_update BEFORE UPDATE OR DELETE ON audit_events
+    FOR EACH ROW EXECUTE FUNCTION toolgate_refuse('audit events are append-only');
+CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON audit_events
+    FOR EACH STATEMENT EXECUTE FUNCTION toolgate_refuse('audit events are append-only');
+CREATE TRIGGER audit_heads_forward_only BEFORE UPDATE ON audit_heads
+    FOR EACH ROW WHEN (NEW.chain_seq < OLD.chain_seq OR NEW.tenant <> OLD.tenant)
+    EXECUTE FUNCTION toolgate_refuse('audit chain heads only move forward');
+CREATE TRIGGER audit_heads_no_delete BEFORE DELETE ON audit_heads
+    FOR EACH ROW EXECUTE FUNCTION toolgate_refuse('audit chain heads cannot be removed');
+CREATE TRIGGER audit_heads_no_truncate BEFORE TRUNCATE ON audit_heads
+    FOR EACH STATEMENT EXECUTE FUNCTION toolgate_refuse('audit chain heads cannot be removed');
