@@ -150,7 +150,7 @@ CREATE TABLE pending_invocations (
     policy_version BIGINT NOT NULL,
     origin         TEXT   NOT NULL CHECK (origin IN ('APPROVAL_REQUIRED', 'POLICY_DENIED', 'EXECUTION_FAILED')),
     decision       TEXT   NOT NULL,
-    state          TEXT   NOT NULL CHECK (state IN ('pending', 'approved', 'rejected')),
+    state          TEXT   NOT NULL CHECK (state IN ('pending', 'approved', 'rejected', 'continued')),
     version        BIGINT NOT NULL,
     expires_at     BIGINT NOT NULL,
     created_at     BIGINT NOT NULL,

@@ -38,6 +38,7 @@
 
 mod echo;
 mod load;
+mod postgres;
 mod process;
 mod report;
 
@@ -205,7 +206,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     drop(echo);
 
     println!("\n==> gateway ({})", gateway_binary.display());
-    let gateway = Gateway::start(&gateway_binary)?;
+    let gateway = Gateway::start(&gateway_binary, None)?;
     let gateway_target = runtime.block_on(gateway.prepare())?;
     let sweep = if options.sweep {
         runtime.block_on(sweep_concurrency(options, &gateway_target, gateway.pid()))?
@@ -217,6 +218,16 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
     let gateway_stderr = gateway.stderr_summary();
     drop(gateway);
+
+    let postgres = match postgres::url() {
+        Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
+        None => {
+            println!(
+                "\n==> gateway on PostgreSQL: skipped, no server at TOOLGATE_TEST_PG_URL or 127.0.0.1:5432"
+            );
+            None
+        }
+    };
 
     println!(
         "\n==> start-up to healthy ({} fresh starts)",
@@ -248,12 +259,39 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         startups,
         sweep,
         gateway_stderr,
+        postgres,
     };
     report.print();
     let path = target_dir.join("bench").join("results.json");
     report.write_json(&path)?;
     println!("\nwrote {}", path.display());
     report.check_calls()
+}
+
+/// The gateway on a PostgreSQL ledger (a fresh schema, dropped afterwards when `psql` is
+/// available): the same closed and open loops.
+async fn measure_postgres(
+    options: &Options,
+    gateway_binary: &Path,
+    url: &str,
+) -> anyhow::Result<TargetFigures> {
+    let schema = format!("toolgate_bench_{}", std::process::id());
+    println!("\n==> gateway on PostgreSQL (schema {schema})");
+    let gateway = Gateway::start(gateway_binary, Some((url, &schema)))?;
+    let result = async {
+        let target = gateway.prepare().await?;
+        let (closed, open) = measure_target(options, &target, gateway.pid()).await?;
+        let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
+        Ok::<_, anyhow::Error>(TargetFigures {
+            closed,
+            open,
+            peak_rss_kib,
+        })
+    }
+    .await;
+    drop(gateway);
+    postgres::drop_schema(url, &schema);
+    result
 }
 
 /// The closed loop, then the open loop, against one target.

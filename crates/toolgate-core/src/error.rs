@@ -38,11 +38,13 @@ pub enum ErrorCode {
     Unauthenticated,
     /// A fault inside the gateway or a connector.
     Internal,
+    /// A decision let the run continue without executing the call.
+    Skipped,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::FeatureDisabled,
         ErrorCode::NotInManifest,
         ErrorCode::UnknownTool,
@@ -58,6 +60,7 @@ impl ErrorCode {
         ErrorCode::BudgetExceeded,
         ErrorCode::Unauthenticated,
         ErrorCode::Internal,
+        ErrorCode::Skipped,
     ];
 
     /// The stable string form, e.g. `NOT_IN_MANIFEST`.
@@ -78,6 +81,7 @@ impl ErrorCode {
             ErrorCode::BudgetExceeded => "BUDGET_EXCEEDED",
             ErrorCode::Unauthenticated => "UNAUTHENTICATED",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::Skipped => "SKIPPED",
         }
     }
 

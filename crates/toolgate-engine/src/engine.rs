@@ -46,8 +46,9 @@ pub struct Engine {
     flags: RwLock<HashMap<TenantId, (bool, Instant)>>,
     policies: RwLock<HashMap<TenantId, (PolicyState, Instant)>>,
     /// Bumped after every write that appends run events, so watchers re-read at once instead
-    /// of waiting for their next poll.
-    events_written: tokio::sync::watch::Sender<u64>,
+    /// of waiting for their next poll; also on every commit of another process sharing the
+    /// store, when the store reports those (PostgreSQL).
+    events_written: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// A tenant's policy as loaded: compiled, or refused (then every call is blocked, fail closed).
@@ -87,8 +88,9 @@ impl Engine {
             runs: RwLock::new(HashMap::new()),
             flags: RwLock::new(HashMap::new()),
             policies: RwLock::new(HashMap::new()),
-            events_written: tokio::sync::watch::Sender::new(0),
+            events_written: Arc::new(tokio::sync::watch::Sender::new(0)),
         })
+        .map(Engine::forward_store_commits)
     }
 
     /// Sets where tenant secrets come from. Without one, a tool that declares secrets fails
@@ -107,6 +109,26 @@ impl Engine {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Relays the store's commit notifications (other replicas' writes) to watchers, for as
+    /// long as both the engine and the store's feed live. Needs a Tokio runtime; without one
+    /// watchers still see other processes' events by polling.
+    fn forward_store_commits(self) -> Engine {
+        if let Some(mut commits) = self.store.subscribe_commits()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let announce = Arc::downgrade(&self.events_written);
+            runtime.spawn(async move {
+                while commits.changed().await.is_ok() {
+                    let Some(sender) = announce.upgrade() else {
+                        return;
+                    };
+                    sender.send_modify(|count| *count = count.wrapping_add(1));
+                }
+            });
+        }
+        self
     }
 
     /// Changes whenever this engine has committed run events: a cue for watchers to re-read
@@ -396,9 +418,10 @@ impl Engine {
 
     // --- recovery --------------------------------------------------------------------------
 
-    /// Settles the calls a crash interrupted: every call still `running` when the gateway
-    /// starts becomes `outcome_unknown` (audited), because the vendor may or may not have
-    /// acted. Nothing is executed again automatically. Call once at start-up, before serving.
+    /// Settles the calls a crash interrupted: every call still `running` whose gateway process
+    /// is gone (see `Store::list_running_calls`) becomes `outcome_unknown` (audited), because
+    /// the vendor may or may not have acted. Nothing is executed again automatically. Call at
+    /// start-up before serving, and periodically when replicas share the store.
     pub async fn recover_interrupted_calls(&self) -> Result<u64, EngineError> {
         const PAGE: u32 = 500;
         let mut settled = 0;

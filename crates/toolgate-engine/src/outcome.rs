@@ -82,6 +82,9 @@ pub enum ResumeDecision {
     Approve,
     /// Do not execute it; the call ends rejected.
     Reject,
+    /// Do not execute it, and let the run move on: the call ends `blocked` with `SKIPPED`.
+    /// Resolves any origin, a policy denial included.
+    Continue,
 }
 
 /// Resuming a pending invocation.
@@ -112,6 +115,11 @@ pub enum ResumeOutcome {
         tool_call_id: ToolCallId,
         /// True when it was rejected because it expired.
         expired: bool,
+    },
+    /// The invocation was resolved without executing the call; the run moves on.
+    Continued {
+        /// The call.
+        tool_call_id: ToolCallId,
     },
     /// Another decision got there first; nothing changed.
     ClaimLost,

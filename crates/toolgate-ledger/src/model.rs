@@ -267,6 +267,8 @@ pub enum PendingState {
     Approved,
     /// Rejected (or expired, which resolves as rejected).
     Rejected,
+    /// Resolved without executing: the run moved on.
+    Continued,
 }
 
 impl PendingState {
@@ -276,6 +278,7 @@ impl PendingState {
             PendingState::Pending => "pending",
             PendingState::Approved => "approved",
             PendingState::Rejected => "rejected",
+            PendingState::Continued => "continued",
         }
     }
 
@@ -285,6 +288,7 @@ impl PendingState {
             "pending" => Some(PendingState::Pending),
             "approved" => Some(PendingState::Approved),
             "rejected" => Some(PendingState::Rejected),
+            "continued" => Some(PendingState::Continued),
             _ => None,
         }
     }

@@ -102,7 +102,10 @@ impl PgStore {
             .url
             .parse()
             .map_err(|error| LedgerError::Database(format!("invalid PostgreSQL URL: {error}")))?;
-        let base = base.application_name("toolgate");
+        // Notices ("already exists, skipping" from idempotent DDL) are not worth a log line.
+        let base = base
+            .application_name("toolgate")
+            .options([("client_min_messages", "warning")]);
         let connect_options = match &options.schema {
             Some(schema) => {
                 check_schema_name(schema)?;

@@ -70,6 +70,9 @@ pub struct SqliteStore {
     writer: mpsc::Sender<Command>,
     read: SqlitePool,
     counters: Arc<Counters>,
+    /// The newest call when the store was opened: calls after it are this process's own, so
+    /// only calls up to it can have been interrupted by a crash.
+    interrupted_up_to: i64,
 }
 
 /// What the writer has done since the store was opened.
@@ -140,6 +143,11 @@ impl SqliteStore {
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
+        let interrupted_up_to: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM tool_calls")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(read_error)?;
         let read = SqlitePoolOptions::new()
             .max_connections(READ_CONNECTIONS)
             .connect_with(shared.read_only(true))
@@ -155,6 +163,7 @@ impl SqliteStore {
             writer: tx,
             read,
             counters,
+            interrupted_up_to,
         })
     }
 
@@ -616,8 +625,9 @@ impl Store for SqliteStore {
         let rows = sqlx::query(concat!(
             "SELECT ",
             call_columns!(),
-            " FROM tool_calls WHERE status = 'running' ORDER BY seq LIMIT ?"
+            " FROM tool_calls WHERE status = 'running' AND seq <= ? ORDER BY seq LIMIT ?"
         ))
+        .bind(self.interrupted_up_to)
         .bind(i64::from(limit))
         .fetch_all(&self.read)
         .await

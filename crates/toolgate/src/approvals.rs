@@ -84,9 +84,10 @@ impl ApprovalService for ApprovalApi {
         let decision = match pb::ResumeDecision::try_from(body.decision) {
             Ok(pb::ResumeDecision::Approve) => ResumeDecision::Approve,
             Ok(pb::ResumeDecision::Reject) => ResumeDecision::Reject,
+            Ok(pb::ResumeDecision::Continue) => ResumeDecision::Continue,
             _ => {
                 return Err(Status::invalid_argument(
-                    "decision: must be APPROVE or REJECT",
+                    "decision: must be APPROVE, REJECT or CONTINUE",
                 ));
             }
         };
@@ -125,6 +126,12 @@ impl ApprovalService for ApprovalApi {
                 result: None,
                 tool_call_id: tool_call_id.to_string(),
                 expired,
+            },
+            ResumeOutcome::Continued { tool_call_id } => pb::ResumeResponse {
+                outcome: pb::ResumeOutcome::Continued.into(),
+                result: None,
+                tool_call_id: tool_call_id.to_string(),
+                expired: false,
             },
             ResumeOutcome::ClaimLost => pb::ResumeResponse {
                 outcome: pb::ResumeOutcome::ClaimLost.into(),

@@ -582,28 +582,33 @@ pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Ledger subcommands (work on the database file, no server needed).
+/// Ledger subcommands (work on the database directly, no server needed).
 #[derive(Debug, Subcommand)]
 pub(crate) enum LedgerCommand {
     /// Checks every tenant's audit hash chain and reports the first broken event.
     Verify {
-        /// The SQLite ledger file.
-        #[arg(long, default_value = "toolgate.db")]
-        database: PathBuf,
+        /// The ledger: a SQLite file or a postgres:// URL.
+        #[arg(long, env = "TOOLGATE_DATABASE", default_value = "toolgate.db")]
+        database: String,
+        /// The PostgreSQL schema holding the ledger.
+        #[arg(long, env = "TOOLGATE_DATABASE_SCHEMA")]
+        schema: Option<String>,
     },
 }
 
 /// Runs a ledger subcommand.
 pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
     match command {
-        LedgerCommand::Verify { database } => {
-            if !database.exists() {
-                bail!("no ledger at {}", database.display());
+        LedgerCommand::Verify { database, schema } => {
+            let database = crate::storage::Database::parse(&database, schema)
+                .map_err(|message| anyhow::anyhow!(message))?;
+            if let crate::storage::Database::Sqlite(path) = &database
+                && !path.exists()
+            {
+                bail!("no ledger at {}", path.display());
             }
-            let store = toolgate_ledger::SqliteStore::open(&database)
-                .await
-                .with_context(|| format!("cannot open the ledger at {}", database.display()))?;
-            let report = toolgate_ledger::Store::verify_chains(&store).await?;
+            let store = database.open().await?;
+            let report = store.verify_chains().await?;
             let response = crate::services::verify_response(&report);
             let ok = response.ok;
             print_json(&verify_json(&response));
@@ -804,6 +809,14 @@ pub(crate) enum ApprovalsCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Lets the run move on without executing the call (it ends SKIPPED); resolves any
+    /// pending invocation, a policy denial included.
+    Continue {
+        run_id: String,
+        invocation_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 fn pending_json(p: &pb::PendingInvocation) -> Value {
@@ -857,6 +870,11 @@ pub(crate) async fn approvals(
             invocation_id,
             reason,
         } => (run_id, invocation_id, reason, pb::ResumeDecision::Reject),
+        ApprovalsCommand::Continue {
+            run_id,
+            invocation_id,
+            reason,
+        } => (run_id, invocation_id, reason, pb::ResumeDecision::Continue),
     };
     let request = pb::ResumeRequest {
         run_id,

@@ -9,6 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toolgate_engine::EngineConfig;
 
+use crate::storage::Database;
+
 /// The file read when `--config` is not given, if it exists.
 pub(crate) const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
 
@@ -17,8 +19,8 @@ pub(crate) const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
 pub(crate) struct Config {
     /// Where the gRPC server listens.
     pub(crate) listen: SocketAddr,
-    /// The SQLite database file.
-    pub(crate) database: PathBuf,
+    /// The ledger: a SQLite file or a PostgreSQL database.
+    pub(crate) database: Database,
     /// Where the first admin token is written on first start.
     pub(crate) admin_token_file: PathBuf,
     /// Connector families not to register.
@@ -79,6 +81,7 @@ struct RawServer {
 #[serde(deny_unknown_fields)]
 struct RawStorage {
     database: Option<String>,
+    schema: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -118,6 +121,7 @@ struct RawSlack {
 const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_LISTEN", "server.listen"),
     ("TOOLGATE_DATABASE", "storage.database"),
+    ("TOOLGATE_DATABASE_SCHEMA", "storage.schema"),
     ("TOOLGATE_ADMIN_TOKEN_FILE", "auth.admin_token_file"),
     ("TOOLGATE_MAX_TIMEOUT_MS", "engine.max_timeout_ms"),
     ("TOOLGATE_DEFAULT_MAX_CALLS", "engine.default_max_calls"),
@@ -132,6 +136,8 @@ const ENV_OTHER: &[&str] = &[
     "TOOLGATE_LOG",
     "TOOLGATE_TOKEN",
     "TOOLGATE_ADDR",
+    // The PostgreSQL server of the test suite; gateways the tests start inherit it.
+    "TOOLGATE_TEST_PG_URL",
 ];
 
 impl Config {
@@ -181,6 +187,7 @@ impl Config {
             match *key {
                 "server.listen" => raw.server.listen = Some(value.clone()),
                 "storage.database" => raw.storage.database = Some(value.clone()),
+                "storage.schema" => raw.storage.schema = Some(value.clone()),
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
                 "secrets.key_file" => raw.secrets.key_file = Some(value.clone()),
                 "engine.max_timeout_ms" => raw.engine.max_timeout_ms = Some(number(value)?),
@@ -227,16 +234,7 @@ impl Config {
             .storage
             .database
             .unwrap_or_else(|| "toolgate.db".to_owned());
-        let database = database
-            .strip_prefix("sqlite://")
-            .unwrap_or(&database)
-            .to_owned();
-        if database.is_empty() {
-            return Err("storage.database must name a SQLite file".to_owned());
-        }
-        if database.starts_with("postgres://") || database.starts_with("postgresql://") {
-            return Err("storage.database: PostgreSQL is not supported by this build yet; use a SQLite file path".to_owned());
-        }
+        let database = Database::parse(&database, raw.storage.schema)?;
         let defaults = EngineConfig::default();
         let engine = EngineConfig {
             max_timeout: raw
@@ -299,7 +297,7 @@ impl Config {
         }
         Ok(Config {
             listen,
-            database: PathBuf::from(database),
+            database,
             admin_token_file: PathBuf::from(
                 raw.auth
                     .admin_token_file
@@ -344,7 +342,10 @@ mod tests {
     fn defaults_need_no_configuration() {
         let config = load("", &[]).unwrap();
         assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
-        assert_eq!(config.database, PathBuf::from("toolgate.db"));
+        assert_eq!(
+            config.database,
+            Database::Sqlite(PathBuf::from("toolgate.db"))
+        );
     }
 
     #[test]
@@ -367,9 +368,9 @@ mod tests {
                 "engine.default_max_calls",
             ),
             (
-                "[storage]\ndatabase = \"postgres://x\"",
+                "[storage]\ndatabase = \"ledger.db\"\nschema = \"tg\"",
                 &[],
-                "storage.database",
+                "storage.schema",
             ),
             ("[connectors.slack]\ntoken = \"x\"", &[], "token"),
             (

@@ -8,6 +8,7 @@ mod convert;
 mod keys;
 mod server;
 mod services;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail};
 use tokio::net::TcpListener;
 use toolgate_core::{Clock, Connector, SecretSource, SystemClock, ToolRegistry};
 use toolgate_engine::{Catalog, Engine};
-use toolgate_ledger::{Role, SqliteStore, Store};
+use toolgate_ledger::{Role, Store};
 use toolgate_proto::v1::admin_service_server::AdminServiceServer;
 use toolgate_proto::v1::agent_service_server::AgentServiceServer;
 use toolgate_proto::v1::approval_service_server::ApprovalServiceServer;
@@ -110,10 +110,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = build_registry(&config.disabled_connectors, &config.slack)?;
     let catalog = Arc::new(Catalog::new(registry)?);
-    let store = SqliteStore::open(&config.database)
-        .await
-        .with_context(|| format!("cannot open the ledger at {}", config.database.display()))?;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store = config.database.open().await?;
     bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
     let (ring, created) = keys::load_key_ring(&config.key_file, config.master_keys.as_deref())?;
     if created {
@@ -151,8 +148,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     let engine = Arc::new(engine);
-    // Pending invocations nobody decided in time resolve as rejected, audited.
-    tokio::spawn(expire_pending_loop(Arc::clone(&engine)));
+    // Pending invocations nobody decided in time resolve as rejected, audited; calls of
+    // replicas that died since (PostgreSQL) are settled like those found at start-up.
+    tokio::spawn(sweep_loop(Arc::clone(&engine)));
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -183,7 +181,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    info!(address = %local, database = %config.database.display(), startup_ms = started.elapsed().as_millis(), "toolgate listening");
+    info!(address = %local, database = %config.database, startup_ms = started.elapsed().as_millis(), "toolgate listening");
     announce(&format!("toolgate listening on {local}"));
 
     tonic::transport::Server::builder()
@@ -261,11 +259,11 @@ async fn shutdown_signal() {
     info!("shutting down");
 }
 
-/// How often expired pending invocations are looked for.
-const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// How often expired pending invocations and calls of dead replicas are looked for.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-async fn expire_pending_loop(engine: Arc<Engine>) {
-    let mut tick = tokio::time::interval(EXPIRY_SWEEP_INTERVAL);
+async fn sweep_loop(engine: Arc<Engine>) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -273,6 +271,15 @@ async fn expire_pending_loop(engine: Arc<Engine>) {
             Ok(0) => {}
             Ok(expired) => info!(expired, "expired pending invocations resolved as rejected"),
             Err(error) => warn!(%error, "expiring pending invocations failed"),
+        }
+        // Only calls whose process is gone are listed, so this never touches a live call.
+        match engine.recover_interrupted_calls().await {
+            Ok(0) => {}
+            Ok(settled) => warn!(
+                calls = settled,
+                "calls of a gateway process that stopped are now outcome_unknown"
+            ),
+            Err(error) => warn!(%error, "settling interrupted calls failed"),
         }
     }
 }

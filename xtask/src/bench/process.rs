@@ -105,13 +105,14 @@ pub(crate) struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the gateway on a fresh database with a run budget large enough for the benchmark.
-    pub(crate) fn start(binary: &Path) -> anyhow::Result<Gateway> {
+    /// Starts the gateway on a fresh database with a run budget large enough for the benchmark:
+    /// a SQLite file in its directory, or `database` (a PostgreSQL URL and a fresh schema).
+    pub(crate) fn start(binary: &Path, database: Option<(&str, &str)>) -> anyhow::Result<Gateway> {
         let dir = tempfile::Builder::new()
             .prefix("toolgate-bench-")
             .tempdir()
             .context("cannot create a temporary directory")?;
-        let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0")?;
+        let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database)?;
         let address = wait_for_announcement(&mut guard, GATEWAY_ANNOUNCEMENT, "the gateway")?;
         Ok(Gateway {
             guard,
@@ -233,8 +234,14 @@ impl Gateway {
     }
 }
 
-/// Starts the gateway in `dir` (fresh SQLite file `toolgate.db` there), stderr to a file.
-fn spawn_gateway(binary: &Path, dir: &Path, listen: &str) -> anyhow::Result<ChildGuard> {
+/// Starts the gateway in `dir` (fresh SQLite file `toolgate.db` there, unless `database` names
+/// a PostgreSQL URL and schema), stderr to a file.
+fn spawn_gateway(
+    binary: &Path,
+    dir: &Path,
+    listen: &str,
+    database: Option<(&str, &str)>,
+) -> anyhow::Result<ChildGuard> {
     std::fs::write(
         dir.join("toolgate.toml"),
         format!("# Written by cargo xtask bench.\n[engine]\nmax_calls_limit = {RUN_BUDGET}\n"),
@@ -242,8 +249,14 @@ fn spawn_gateway(binary: &Path, dir: &Path, listen: &str) -> anyhow::Result<Chil
     .context("cannot write the gateway's config file")?;
     let stderr = std::fs::File::create(dir.join("gateway.stderr"))
         .context("cannot create the gateway's log file")?;
-    let child = Command::new(binary)
-        .args(["serve", "--listen", listen, "--database", "toolgate.db"])
+    let mut command = Command::new(binary);
+    match database {
+        Some((url, schema)) => command
+            .args(["serve", "--listen", listen, "--database", url])
+            .env("TOOLGATE_DATABASE_SCHEMA", schema),
+        None => command.args(["serve", "--listen", listen, "--database", "toolgate.db"]),
+    };
+    let child = command
         .current_dir(dir)
         .env("TOOLGATE_LOG", "warn")
         .stdin(Stdio::null())
@@ -332,7 +345,7 @@ pub(crate) async fn time_startup(binary: &Path) -> anyhow::Result<StartupSample>
         .timeout(Duration::from_millis(500));
 
     let spawned = Instant::now();
-    let mut guard = spawn_gateway(binary, dir.path(), &listen)?;
+    let mut guard = spawn_gateway(binary, dir.path(), &listen, None)?;
     let stdout = guard
         .child
         .stdout

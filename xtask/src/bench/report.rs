@@ -21,6 +21,8 @@ pub(crate) struct Report {
     pub(crate) sweep: Vec<(usize, ClosedLoop)>,
     /// What the gateway logged on stderr at `warn`, if anything.
     pub(crate) gateway_stderr: Option<String>,
+    /// The gateway on a PostgreSQL ledger, when a server was available.
+    pub(crate) postgres: Option<TargetFigures>,
 }
 
 /// The settings both targets were measured with.
@@ -110,6 +112,16 @@ impl Report {
                 unit: "ms",
                 limit: 1.0,
                 at_least: false,
+            },
+            Check {
+                name: "gateway throughput on PostgreSQL",
+                value: self
+                    .postgres
+                    .as_ref()
+                    .map_or(0.0, |figures| figures.closed.throughput()),
+                unit: "calls/s",
+                limit: 5_000.0,
+                at_least: true,
             },
             Check {
                 name: "gateway peak RSS",
@@ -301,6 +313,25 @@ impl Report {
         if let Some(stderr) = &self.gateway_stderr {
             let _ = writeln!(out, "gateway stderr: {stderr}");
         }
+        match &self.postgres {
+            Some(pg) => {
+                let _ = writeln!(
+                    out,
+                    "\ngateway on PostgreSQL: {:.0} calls/s closed loop ({} failed, gateway CPU {:.0}%); at {} calls/s p50 {} µs, p99 {} µs ({} failed); peak RSS {:.1} MiB",
+                    pg.closed.throughput(),
+                    pg.closed.failed,
+                    pg.closed.cpu.server_percent,
+                    o.rate,
+                    pg.open.latency.p50.as_micros(),
+                    pg.open.latency.p99.as_micros(),
+                    pg.open.failed,
+                    kib_to_mib(pg.peak_rss_kib)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "\ngateway on PostgreSQL: not measured (no server)");
+            }
+        }
         if !self.sweep.is_empty() {
             let _ = writeln!(out, "\ngateway throughput by concurrency (--sweep)");
             for (concurrency, closed) in &self.sweep {
@@ -346,6 +377,7 @@ impl Report {
             },
             "echo": target_json(&self.echo),
             "gateway": target_json(&self.gateway),
+            "gateway_postgres": self.postgres.as_ref().map(target_json),
             "throughput_ratio": self.ratio(),
             "added_latency_us": {
                 "p50": self.added(|l| l.p50),
@@ -388,7 +420,11 @@ impl Report {
         let failed = self.echo.closed.failed
             + self.echo.open.failed
             + self.gateway.closed.failed
-            + self.gateway.open.failed;
+            + self.gateway.open.failed
+            + self
+                .postgres
+                .as_ref()
+                .map_or(0, |pg| pg.closed.failed + pg.open.failed);
         if failed > 0 {
             bail!(
                 "{failed} call(s) failed during the measurement; the figures above are not valid"

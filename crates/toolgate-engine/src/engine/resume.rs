@@ -62,6 +62,7 @@ impl Engine {
             (ResumeDecision::Reject, _) => {
                 self.reject(&request, &pending, &call, &reason, false).await
             }
+            (ResumeDecision::Continue, _) => self.skip(&request, &pending, &call, &reason).await,
             (ResumeDecision::Approve, PendingOrigin::PolicyDenied) => {
                 self.refuse_override(&request, &pending, &call).await
             }
@@ -171,6 +172,55 @@ impl Engine {
         Ok(ResumeOutcome::Rejected {
             tool_call_id: call.id.clone(),
             expired,
+        })
+    }
+
+    /// The non-executing resolution: claims the row like any decision (so it races fairly with
+    /// approvals and rejections) and ends the call `blocked` with `SKIPPED`, letting the run
+    /// move on without the tool having run.
+    async fn skip(
+        &self,
+        request: &ResumeRequest,
+        pending: &PendingInvocation,
+        call: &ToolCallRecord,
+        reason: &str,
+    ) -> Result<ResumeOutcome, EngineError> {
+        let event = self.decision_event(
+            call,
+            "tool_call.continued",
+            pending,
+            &request.approver,
+            reason,
+        );
+        let message = if reason.is_empty() {
+            "the call was not executed: a decision let the run continue without it".to_owned()
+        } else {
+            format!(
+                "the call was not executed: a decision let the run continue without it: {reason}"
+            )
+        };
+        let claimed = self
+            .store
+            .resolve_pending(ResolvePending {
+                tenant: request.tenant.clone(),
+                id: pending.id.clone(),
+                observed_version: pending.version,
+                state: PendingState::Continued,
+                decided_by: request.approver.clone(),
+                reason: reason.to_owned(),
+                at: self.clock.now(),
+                call_status: ToolCallStatus::Blocked,
+                error_code: Some(ErrorCode::Skipped),
+                error_text: Some(message),
+                events: vec![event],
+            })
+            .await?;
+        if !claimed {
+            return Ok(ResumeOutcome::ClaimLost);
+        }
+        self.announce_events();
+        Ok(ResumeOutcome::Continued {
+            tool_call_id: call.id.clone(),
         })
     }
 

@@ -1,0 +1,178 @@
+//! Which ledger the gateway uses: a SQLite file (the embedded default) or a PostgreSQL
+//! database shared by several replicas.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use toolgate_ledger::{PgOptions, PgStore, SqliteStore, Store};
+
+/// `storage.database` (and `storage.schema`), validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Database {
+    /// A SQLite file, created if missing.
+    Sqlite(PathBuf),
+    /// A PostgreSQL URL and the schema to keep the tables in (`None`: the server's default).
+    Postgres { url: String, schema: Option<String> },
+}
+
+impl Database {
+    /// Reads `storage.database`: a `postgres://` or `postgresql://` URL, or a SQLite path
+    /// (optionally `sqlite://path`). `schema` applies to PostgreSQL only.
+    pub(crate) fn parse(text: &str, schema: Option<String>) -> Result<Database, String> {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            if let Some(schema) = &schema {
+                check_schema(schema)?;
+            }
+            return Ok(Database::Postgres {
+                url: text.to_owned(),
+                schema,
+            });
+        }
+        if schema.is_some() {
+            return Err(
+                "storage.schema applies to PostgreSQL only; storage.database names a SQLite file"
+                    .to_owned(),
+            );
+        }
+        let path = text.strip_prefix("sqlite://").unwrap_or(text);
+        if path.is_empty() {
+            return Err(
+                "storage.database must name a SQLite file or be a postgres:// URL".to_owned(),
+            );
+        }
+        Ok(Database::Sqlite(PathBuf::from(path)))
+    }
+
+    /// Opens (creating and migrating as needed) the store.
+    pub(crate) async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+        match self {
+            Database::Sqlite(path) => {
+                let store = SqliteStore::open(path)
+                    .await
+                    .with_context(|| format!("cannot open the ledger at {}", path.display()))?;
+                Ok(Arc::new(store))
+            }
+            Database::Postgres { url, schema } => {
+                let options = PgOptions {
+                    url: url.clone(),
+                    schema: schema.clone(),
+                };
+                let store = PgStore::connect(&options)
+                    .await
+                    .with_context(|| format!("cannot open the ledger at {self}"))?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+}
+
+/// Where the ledger is, without credentials: safe for logs.
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "{}", path.display()),
+            Database::Postgres { url, schema } => {
+                write!(f, "{}", without_secrets(url))?;
+                if let Some(schema) = schema {
+                    write!(f, " (schema {schema})")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn check_schema(schema: &str) -> Result<(), String> {
+    let mut chars = schema.chars();
+    let start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if start
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && schema.len() <= 63
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "storage.schema must be 1 to 63 lowercase letters, digits and underscores, not \
+             starting with a digit; got `{schema}`"
+        ))
+    }
+}
+
+/// A PostgreSQL URL without its password or query (which may carry one), for display.
+fn without_secrets(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "postgres://(unparsable URL)".to_owned();
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(index) => rest.split_at(index),
+        None => (rest, ""),
+    };
+    let path = path.split('?').next().unwrap_or("");
+    let host = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{user}@{host}")
+        }
+        None => authority.to_owned(),
+    };
+    format!("{scheme}://{host}{path}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_backends() {
+        assert_eq!(
+            Database::parse("toolgate.db", None),
+            Ok(Database::Sqlite(PathBuf::from("toolgate.db")))
+        );
+        assert_eq!(
+            Database::parse("sqlite://x/y.db", None),
+            Ok(Database::Sqlite(PathBuf::from("x/y.db")))
+        );
+        assert_eq!(
+            Database::parse("postgres://u@127.0.0.1/test", Some("tg".into())),
+            Ok(Database::Postgres {
+                url: "postgres://u@127.0.0.1/test".into(),
+                schema: Some("tg".into())
+            })
+        );
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        assert!(
+            Database::parse("", None)
+                .unwrap_err()
+                .contains("storage.database")
+        );
+        assert!(
+            Database::parse("x.db", Some("tg".into()))
+                .unwrap_err()
+                .contains("PostgreSQL only")
+        );
+        assert!(
+            Database::parse("postgres://127.0.0.1/test", Some("Bad-Name".into()))
+                .unwrap_err()
+                .contains("storage.schema")
+        );
+    }
+
+    #[test]
+    fn display_hides_the_password() {
+        let database = Database::parse(
+            "postgres://user:hunter2@127.0.0.1:5432/test?password=hunter2",
+            Some("tg".into()),
+        )
+        .unwrap();
+        let shown = database.to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(shown, "postgres://user@127.0.0.1:5432/test (schema tg)");
+    }
+}
