@@ -77,7 +77,7 @@ impl Engine {
                     ))
                 },
             )?;
-        Ok(Engine {
+        Ok(Engine::forward_store_commits(Engine {
             store,
             catalog,
             clock,
@@ -89,8 +89,7 @@ impl Engine {
             flags: RwLock::new(HashMap::new()),
             policies: RwLock::new(HashMap::new()),
             events_written: Arc::new(tokio::sync::watch::Sender::new(0)),
-        })
-        .map(Engine::forward_store_commits)
+        }))
     }
 
     /// Sets where tenant secrets come from. Without one, a tool that declares secrets fails

@@ -181,10 +181,19 @@ impl PgStore {
             let _ = closed.await;
         }
         self.listener.abort();
-        if let Some(conn) = self.liveness.lock().await.take()
-            && let Err(error) = conn.close().await
-        {
-            warn!(%error, "closing the instance lock connection failed");
+        if let Some(mut conn) = self.liveness.lock().await.take() {
+            // Unlock explicitly: closing the socket alone lets the server notice a moment after
+            // `close` has returned, and until then this instance still looks alive.
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(self.instance)
+                .execute(&mut conn)
+                .await;
+            if let Err(error) = unlocked {
+                warn!(%error, "releasing the instance lock failed");
+            }
+            if let Err(error) = conn.close().await {
+                warn!(%error, "closing the instance lock connection failed");
+            }
         }
         self.pool.close().await;
     }
