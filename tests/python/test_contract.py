@@ -7,6 +7,7 @@ import pytest
 
 from conftest import bearer
 from toolgate.v1 import toolgate_pb2 as pb
+from toolgate.v1 import toolgate_pb2_grpc as rpc
 
 
 def open_run(gateway, token):
@@ -86,3 +87,66 @@ def test_policy_upload_is_validated(gateway, agent_token):
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     current = gateway.admin.GetPolicy(pb.GetPolicyRequest(tenant_id="acme"), metadata=auth)
     assert current.version == 0 and "permit" in current.text
+
+
+APPROVAL_POLICY = """
+@id("base") permit(principal, action, resource);
+@id("big") @decision("require_expert_approval")
+permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
+    when { context.args.amount > 1000 };
+"""
+
+
+def test_approval_outcome_reaches_a_watching_runtime(gateway, agent_token):
+    """A runtime suspends on an approval, watches its run, and sees the decision land:
+    one approver continues without executing, a second decision loses the claim."""
+    admin_auth = bearer(gateway.admin_token)
+    gateway.admin.PutPolicy(pb.PutPolicyRequest(tenant_id="acme", text=APPROVAL_POLICY), metadata=admin_auth)
+    approver_token = gateway.admin.CreateToken(
+        pb.CreateTokenRequest(role="approver", tenant_id="acme", label="alice"), metadata=admin_auth
+    ).token
+    approvals = rpc.ApprovalServiceStub(gateway.channel)
+    run = open_run(gateway, agent_token)
+    waiting = gateway.agent.ExecuteTool(
+        pb.ExecuteToolRequest(
+            run_id=run.run_id,
+            tool_name="testkit__transfer",
+            arguments_json=json.dumps({"amount": 5000, "region": "us-east-1", "account": "a"}),
+            tool_use_id="toolu_py_1",
+        ),
+        metadata=bearer(agent_token),
+    )
+    assert waiting.status == pb.TOOL_CALL_STATUS_WAITING_APPROVAL
+    pending = approvals.ListPending(pb.ListPendingRequest(run_id=run.run_id), metadata=bearer(approver_token))
+    [invocation] = pending.invocations
+
+    events = gateway.agent.WatchRun(pb.WatchRunRequest(run_id=run.run_id), metadata=bearer(agent_token))
+    continued = approvals.Resume(
+        pb.ResumeRequest(
+            run_id=run.run_id,
+            invocation_id=invocation.invocation_id,
+            decision=pb.RESUME_DECISION_CONTINUE,
+            reason="not needed after all",
+        ),
+        metadata=bearer(approver_token),
+    )
+    assert continued.outcome == pb.RESUME_OUTCOME_CONTINUED
+    late = approvals.Resume(
+        pb.ResumeRequest(
+            run_id=run.run_id, invocation_id=invocation.invocation_id, decision=pb.RESUME_DECISION_APPROVE
+        ),
+        metadata=bearer(approver_token),
+    )
+    assert late.outcome == pb.RESUME_OUTCOME_CLAIM_LOST
+
+    kinds = []
+    for event in events:
+        kinds.append(event.kind)
+        if event.kind == "tool_call.continued":
+            break
+    events.cancel()
+    assert "tool_call.approval_requested" in kinds and kinds[-1] == "tool_call.continued", kinds
+    call = gateway.agent.GetToolCall(
+        pb.GetToolCallRequest(tool_call_id=continued.tool_call_id), metadata=bearer(agent_token)
+    )
+    assert call.status == pb.TOOL_CALL_STATUS_BLOCKED and call.error_code == "SKIPPED"

@@ -1,11 +1,26 @@
 //! Harness for end-to-end tests: starts the real `toolgate` binary (built with the `testkit`
-//! feature) on a loopback port with its own SQLite file, and hands out authenticated clients.
+//! feature) on a loopback port, on its own SQLite file or in a fresh schema of the test
+//! PostgreSQL database, and hands out authenticated clients.
+//!
+//! PostgreSQL: the URL comes from `TOOLGATE_TEST_PG_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`, what `cargo xtask ci` finds or starts). Each test
+//! takes a [`PgSchema`], a uniquely named schema dropped (`DROP SCHEMA ... CASCADE`) when the
+//! value is dropped, and starts one or more gateways in it; replicas share the schema, the
+//! master keys and the first gateway's admin token. An unreachable server fails the test with a
+//! message naming the URL; nothing is skipped.
+//!
+//! Executions are counted outside the gateways with an [`ExecutionLog`]: the testkit
+//! connector appends one line per invocation to the file named by `TESTKIT_EXECUTION_LOG`.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sqlx::Connection as _;
 
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -48,64 +63,41 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts a gateway in a fresh temporary directory.
+    /// Starts a gateway in a fresh temporary directory, on its own SQLite file.
     pub fn start() -> Gateway {
-        let temp = tempfile::tempdir().expect("temp dir");
-        let dir = temp.path().to_path_buf();
-        let mut gateway = Gateway::start_in(&dir, &[]);
-        gateway._temp = Some(temp);
-        gateway
+        GatewayOptions::new().start()
     }
 
     /// Starts a gateway in `dir` (reusing its database) with extra environment variables.
     pub fn start_in(dir: &Path, env: &[(&str, &str)]) -> Gateway {
-        let binary = gateway_binary();
-        let mut command = Command::new(&binary);
-        command
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .current_dir(dir)
-            .env("TOOLGATE_LOG", "warn")
-            // The gateway refuses unknown TOOLGATE_* variables; TOOLGATE_BIN is the harness's.
-            .env_remove("TOOLGATE_BIN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(address) = line.strip_prefix("toolgate listening on ") {
-                    let _ = tx.send(address.to_owned());
-                }
-            }
-        });
-        let address = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(address) => address,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the gateway did not announce its address within 20 s");
-            }
-        };
-        let admin_token = std::fs::read_to_string(dir.join("toolgate-admin.token"))
-            .expect("admin token file written on first start")
-            .trim()
-            .to_owned();
-        Gateway {
-            child,
-            dir: dir.to_path_buf(),
-            url: format!("http://{address}"),
-            admin_token,
-            _temp: None,
-        }
+        GatewayOptions::new().dir(dir).envs(env).start()
     }
 
-    /// Stops the process and waits for it.
+    /// Options for a gateway started some other way (PostgreSQL, a replica, a restart).
+    pub fn options() -> GatewayOptions {
+        GatewayOptions::new()
+    }
+
+    /// Starts the first gateway of `schema` (which it creates and migrates) in a fresh
+    /// temporary directory; its admin token is the one it bootstraps.
+    pub fn start_pg(schema: &PgSchema) -> Gateway {
+        schema.options().start()
+    }
+
+    /// Starts another gateway sharing this one's PostgreSQL schema, master keys and admin token,
+    /// in a fresh temporary directory. `options` should come from the same [`PgSchema`].
+    pub fn replica(&self, options: GatewayOptions) -> Gateway {
+        options.admin_token(&self.admin_token).start()
+    }
+
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process outright (SIGKILL, as `kill -9`: no shutdown code runs) and waits for
+    /// it. Returns the temporary working directory, if the gateway owned one, so a restart can
+    /// reuse it.
     pub fn stop(mut self) -> Option<tempfile::TempDir> {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -203,6 +195,498 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Gateway {
+    /// Creates an approver token for `tenant`.
+    pub async fn approver_token(&self, tenant: &str) -> String {
+        self.admin()
+            .await
+            .create_token(authed(
+                pb::CreateTokenRequest {
+                    role: "approver".into(),
+                    tenant_id: tenant.into(),
+                    agent_id: String::new(),
+                    label: "alice".into(),
+                },
+                &self.admin_token,
+            ))
+            .await
+            .expect("create approver token")
+            .into_inner()
+            .token
+    }
+
+    /// Puts `text` as the tenant's Cedar policy.
+    pub async fn put_policy(&self, tenant: &str, text: &str) {
+        self.admin()
+            .await
+            .put_policy(authed(
+                pb::PutPolicyRequest {
+                    tenant_id: tenant.into(),
+                    text: text.into(),
+                },
+                &self.admin_token,
+            ))
+            .await
+            .expect("policy accepted");
+    }
+
+    /// Opens a run for `agent` with a call budget (0: the gateway's default).
+    pub async fn open_run(&self, token: &str, agent: &str, max_calls: u32) -> String {
+        self.agent()
+            .await
+            .create_run(authed(
+                pb::CreateRunRequest {
+                    agent_id: agent.into(),
+                    run_id: String::new(),
+                    max_calls,
+                },
+                token,
+            ))
+            .await
+            .expect("create run")
+            .into_inner()
+            .run_id
+    }
+
+    /// Every call of `run`, all pages.
+    pub async fn tool_calls(&self, token: &str, run: &str) -> Vec<pb::ToolCall> {
+        let mut agent = self.agent().await;
+        let mut calls = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = agent
+                .list_tool_calls(authed(
+                    pb::ListToolCallsRequest {
+                        run_id: run.into(),
+                        page_token,
+                        page_size: 1000,
+                    },
+                    token,
+                ))
+                .await
+                .expect("list tool calls")
+                .into_inner();
+            calls.extend(page.tool_calls);
+            if page.next_page_token.is_empty() {
+                return calls;
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// The admin `VerifyLedger` answer.
+    pub async fn verify_ledger(&self) -> pb::VerifyLedgerResponse {
+        self.admin()
+            .await
+            .verify_ledger(authed(pb::VerifyLedgerRequest {}, &self.admin_token))
+            .await
+            .expect("verify ledger")
+            .into_inner()
+    }
+}
+
+/// How to start a gateway: working directory, database, environment, and (for a replica or a
+/// restart that will not bootstrap one) the admin token to use.
+///
+/// The child gets none of the test process's `TOOLGATE_*` variables (the gateway refuses
+/// unknown ones, and `TOOLGATE_BIN` / `TOOLGATE_TEST_PG_URL` are the harness's) and no
+/// inherited `TESTKIT_EXECUTION_LOG`: only what the options say.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayOptions {
+    dir: Option<PathBuf>,
+    database: Option<String>,
+    schema: Option<String>,
+    env: Vec<(String, String)>,
+    admin_token: Option<String>,
+}
+
+impl GatewayOptions {
+    /// A gateway in a fresh temporary directory, on `toolgate.db` there.
+    pub fn new() -> GatewayOptions {
+        GatewayOptions::default()
+    }
+
+    /// Runs in `dir` (database file, token and key files) instead of a fresh temporary one.
+    pub fn dir(mut self, dir: &Path) -> GatewayOptions {
+        self.dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// `storage.database`: a SQLite path or a `postgres://` URL.
+    pub fn database(mut self, database: &str) -> GatewayOptions {
+        self.database = Some(database.to_owned());
+        self
+    }
+
+    /// `storage.schema`: the PostgreSQL schema.
+    pub fn schema(mut self, schema: &str) -> GatewayOptions {
+        self.schema = Some(schema.to_owned());
+        self
+    }
+
+    /// One more environment variable.
+    pub fn env(mut self, key: &str, value: &str) -> GatewayOptions {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// More environment variables.
+    pub fn envs(mut self, env: &[(&str, &str)]) -> GatewayOptions {
+        for (key, value) in env {
+            self = self.env(key, value);
+        }
+        self
+    }
+
+    /// Uses this admin token instead of reading the bootstrap file (a gateway only writes the
+    /// file when the database has no admin token yet).
+    pub fn admin_token(mut self, token: &str) -> GatewayOptions {
+        self.admin_token = Some(token.to_owned());
+        self
+    }
+
+    /// The testkit connector appends its executions to `log`.
+    pub fn execution_log(self, log: &ExecutionLog) -> GatewayOptions {
+        let path = log.path().to_str().expect("UTF-8 temp path").to_owned();
+        self.env(EXECUTION_LOG_ENV, &path)
+    }
+
+    /// Starts the gateway and waits until it listens.
+    pub fn start(self) -> Gateway {
+        let (dir, temp) = match &self.dir {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let temp = tempfile::tempdir().expect("temp dir");
+                (temp.path().to_path_buf(), Some(temp))
+            }
+        };
+        let binary = gateway_binary();
+        let mut command = Command::new(&binary);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (key, _) in std::env::vars_os() {
+            let strip = key
+                .to_str()
+                .is_some_and(|k| k.starts_with("TOOLGATE_") || k == EXECUTION_LOG_ENV);
+            if strip {
+                command.env_remove(&key);
+            }
+        }
+        command.env("TOOLGATE_LOG", "warn");
+        if let Some(database) = &self.database {
+            command.env("TOOLGATE_DATABASE", database);
+        }
+        if let Some(schema) = &self.schema {
+            command.env("TOOLGATE_DATABASE_SCHEMA", schema);
+        }
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(address) = line.strip_prefix("toolgate listening on ") {
+                    let _ = tx.send(address.to_owned());
+                }
+            }
+        });
+        let address = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(address) => address,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the gateway did not announce its address within 60 s (database {:?}, schema {:?}); its stderr is above",
+                    self.database.as_deref().map(redact_url),
+                    self.schema
+                );
+            }
+        };
+        let admin_token = match self.admin_token {
+            Some(token) => token,
+            None => std::fs::read_to_string(dir.join("toolgate-admin.token"))
+                .expect(
+                    "admin token file written on first start (a gateway joining a database that already has an admin token writes none: pass the first one's with GatewayOptions::admin_token)",
+                )
+                .trim()
+                .to_owned(),
+        };
+        Gateway {
+            child,
+            dir,
+            url: format!("http://{address}"),
+            admin_token,
+            _temp: temp,
+        }
+    }
+}
+
+/// The variable the testkit connector reads (`toolgate_engine::testkit::EXECUTION_LOG_ENV`).
+pub const EXECUTION_LOG_ENV: &str = "TESTKIT_EXECUTION_LOG";
+
+/// A file the testkit connectors of one or more gateways append `<tool> <tool_call_id>` to,
+/// once per invocation: executions counted outside the gateway processes, surviving their
+/// deaths.
+#[derive(Debug)]
+pub struct ExecutionLog {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ExecutionLog {
+    /// A fresh, empty log in its own temporary directory.
+    pub fn new() -> ExecutionLog {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("executions.log");
+        ExecutionLog { path, _dir: dir }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every execution so far, `(tool, tool_call_id)`, in append order.
+    pub fn entries(&self) -> Vec<(String, String)> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => panic!("cannot read {}: {e}", self.path.display()),
+        };
+        // Only whole lines: a writer may be mid-append (appends are single writes, but a
+        // reader can still see the file between two of them, never inside one).
+        let whole = text.rfind('\n').map_or("", |end| &text[..=end]);
+        whole
+            .lines()
+            .map(|line| {
+                let (tool, id) = line
+                    .split_once(' ')
+                    .unwrap_or_else(|| panic!("malformed execution log line `{line}`"));
+                (tool.to_owned(), id.to_owned())
+            })
+            .collect()
+    }
+
+    /// How many times each tool call was executed.
+    pub fn counts(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for (_, id) in self.entries() {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Waits until at least `n` executions are logged; panics (listing what it saw) if that
+    /// takes longer than `limit`. A liveness bound, not a speed assertion.
+    pub async fn wait_for(&self, n: usize, limit: Duration) -> Vec<(String, String)> {
+        let started = Instant::now();
+        loop {
+            let entries = self.entries();
+            if entries.len() >= n {
+                return entries;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "waited {limit:?} for {n} executions; the log has {}: {entries:?}",
+                entries.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Default for ExecutionLog {
+    fn default() -> ExecutionLog {
+        ExecutionLog::new()
+    }
+}
+
+/// The PostgreSQL server the tests use: `TOOLGATE_TEST_PG_URL`, or the default.
+pub fn pg_url() -> String {
+    std::env::var("TOOLGATE_TEST_PG_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_PG_URL.to_owned())
+}
+
+/// The URL used when `TOOLGATE_TEST_PG_URL` is unset.
+pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The master key every gateway of one [`PgSchema`] gets: replicas must share their master
+/// keys, or credentials sealed by one are unreadable by the other. Test-only.
+pub const TEST_MASTER_KEY: &str = "k1=BwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyAhIiMkJSY=";
+
+/// A schema name no other test (in this or a concurrent process) uses:
+/// `tg_e2e_<pid>_<counter>_<nanos>`.
+pub fn unique_schema_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("tg_e2e_{}_{n}_{nanos}", std::process::id())
+}
+
+/// A fresh schema in the test PostgreSQL database, for the gateways of one test. The gateways
+/// create and migrate it; dropping this value drops it (`DROP SCHEMA ... CASCADE`), so declare
+/// it before the gateways (locals drop in reverse order: the gateways stop first).
+#[derive(Debug)]
+pub struct PgSchema {
+    url: String,
+    name: String,
+    /// Holds the key file the gateways share.
+    keys: tempfile::TempDir,
+}
+
+impl PgSchema {
+    /// Checks that the server answers (panicking with instructions when it does not) and picks
+    /// a unique schema name.
+    pub async fn new() -> PgSchema {
+        let url = pg_url();
+        let connected =
+            tokio::time::timeout(Duration::from_secs(15), sqlx::PgConnection::connect(&url)).await;
+        let problem = match connected {
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+                None
+            }
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("no answer within 15 s".to_owned()),
+        };
+        if let Some(problem) = problem {
+            panic!(
+                "\n\n==================== PostgreSQL NOT REACHABLE ====================\n\
+                 this test needs PostgreSQL at {} ({}): {problem}\n\
+                 Provide one: set TOOLGATE_TEST_PG_URL=postgres://USER@HOST:PORT/DATABASE (a loopback \
+                 server the tests may create and drop schemas in), or run `cargo xtask ci`, which finds \
+                 a server on 127.0.0.1:5432 or starts one from the PostgreSQL server binaries \
+                 (initdb, pg_ctl).\n\
+                 ===================================================================\n",
+                redact_url(&url),
+                if std::env::var_os("TOOLGATE_TEST_PG_URL").is_some() {
+                    "from TOOLGATE_TEST_PG_URL"
+                } else {
+                    "the default; TOOLGATE_TEST_PG_URL is unset"
+                }
+            );
+        }
+        let keys = tempfile::tempdir().expect("temp dir");
+        std::fs::write(
+            keys.path().join("toolgate-keys"),
+            format!("{TEST_MASTER_KEY}\n"),
+        )
+        .expect("write the shared key file");
+        PgSchema {
+            url,
+            name: unique_schema_name(),
+            keys,
+        }
+    }
+
+    /// The schema's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Options for a gateway in this schema: the database URL, the schema, the shared master
+    /// keys. Add `.admin_token(..)` (or use [`Gateway::replica`]) for every gateway but the
+    /// first, and `.dir(..)` to restart one in its old directory.
+    ///
+    /// The keys are shared through one key file (`TOOLGATE_KEY_FILE`); `TOOLGATE_MASTER_KEYS`
+    /// with the same value would do, were the gateway's configuration not refusing it as an
+    /// unknown variable.
+    pub fn options(&self) -> GatewayOptions {
+        let key_file = self.keys.path().join("toolgate-keys");
+        GatewayOptions::new()
+            .database(&self.url)
+            .schema(&self.name)
+            .env(
+                "TOOLGATE_KEY_FILE",
+                key_file.to_str().expect("UTF-8 temp path"),
+            )
+    }
+
+    /// The tables in the schema: a gateway really on this schema has migrated it.
+    pub async fn tables(&self) -> Vec<String> {
+        let mut connection = sqlx::PgConnection::connect(&self.url)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let tables = sqlx::query_scalar::<_, String>(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
+        )
+        .bind(&self.name)
+        .fetch_all(&mut connection)
+        .await
+        .expect("list the schema's tables");
+        let _ = connection.close().await;
+        tables
+    }
+
+    async fn drop_schema(url: &str, name: &str) -> Result<(), sqlx::Error> {
+        // The name is ours (`unique_schema_name`); checked anyway before it goes into SQL.
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "unexpected schema name {name:?}"
+        );
+        let sql = format!("SET lock_timeout = '30s'; DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
+        let mut connection = sqlx::PgConnection::connect(url).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut connection)
+            .await?;
+        connection.close().await
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let name = self.name.clone();
+        // Drop may run inside the test's runtime, which cannot be blocked on: use a thread with
+        // its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime for the schema cleanup");
+            runtime.block_on(PgSchema::drop_schema(&url, &name))
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: cannot drop test schema {}: {e}", self.name),
+            Err(_) => eprintln!("warning: cannot drop test schema {}", self.name),
+        }
+    }
+}
+
+/// `url` without a password, for messages.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
     }
 }
 

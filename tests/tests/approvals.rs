@@ -14,41 +14,11 @@ const POLICY: &str = r#"
         when { context.args.amount > 1000 };
 "#;
 
-async fn approver_token(gateway: &Gateway, tenant: &str) -> String {
-    gateway
-        .admin()
-        .await
-        .create_token(authed(
-            pb::CreateTokenRequest {
-                role: "approver".into(),
-                tenant_id: tenant.into(),
-                agent_id: String::new(),
-                label: "alice".into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .token
-}
-
 async fn suspended_transfer(gateway: &Gateway, token: &str) -> (String, pb::ToolCallResult) {
-    let mut agent = gateway.agent().await;
-    let run = agent
-        .create_run(authed(
-            pb::CreateRunRequest {
-                agent_id: "support".into(),
-                run_id: String::new(),
-                max_calls: 0,
-            },
-            token,
-        ))
+    let run = gateway.open_run(token, "support", 0).await;
+    let result = gateway
+        .agent()
         .await
-        .unwrap()
-        .into_inner()
-        .run_id;
-    let result = agent
         .execute_tool(authed(execute(&run, "testkit.transfer", r#"{"amount": 5000, "region": "us-east-1", "account": "acct-1", "api_key": "k-123456"}"#), token))
         .await
         .unwrap()
@@ -67,19 +37,8 @@ async fn concurrent_approvals_execute_the_call_exactly_once() {
     let agent_token = gateway
         .tenant("acme", "support", &["testkit.transfer"])
         .await;
-    gateway
-        .admin()
-        .await
-        .put_policy(authed(
-            pb::PutPolicyRequest {
-                tenant_id: "acme".into(),
-                text: POLICY.into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap();
-    let approver = approver_token(&gateway, "acme").await;
+    gateway.put_policy("acme", POLICY).await;
+    let approver = gateway.approver_token("acme").await;
     let (run, suspended) = suspended_transfer(&gateway, &agent_token).await;
 
     let mut approvals = ApprovalServiceClient::new(gateway.channel().await);
@@ -161,20 +120,9 @@ async fn approvals_are_scoped_to_approvers_of_the_tenant() {
     gateway
         .tenant("globex", "support", &["testkit.transfer"])
         .await;
-    gateway
-        .admin()
-        .await
-        .put_policy(authed(
-            pb::PutPolicyRequest {
-                tenant_id: "acme".into(),
-                text: POLICY.into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap();
+    gateway.put_policy("acme", POLICY).await;
     let (run, suspended) = suspended_transfer(&gateway, &acme).await;
-    let globex_approver = approver_token(&gateway, "globex").await;
+    let globex_approver = gateway.approver_token("globex").await;
     let mut approvals = ApprovalServiceClient::new(gateway.channel().await);
     let foreign = approvals
         .list_pending(authed(pb::ListPendingRequest::default(), &globex_approver))
@@ -208,19 +156,8 @@ async fn the_cli_lists_and_approves() {
     let agent_token = gateway
         .tenant("acme", "support", &["testkit.transfer"])
         .await;
-    gateway
-        .admin()
-        .await
-        .put_policy(authed(
-            pb::PutPolicyRequest {
-                tenant_id: "acme".into(),
-                text: POLICY.into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap();
-    let approver = approver_token(&gateway, "acme").await;
+    gateway.put_policy("acme", POLICY).await;
+    let approver = gateway.approver_token("acme").await;
     let (run, suspended) = suspended_transfer(&gateway, &agent_token).await;
     let cli = |args: &[&str]| {
         Command::new(gateway_binary())

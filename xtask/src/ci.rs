@@ -1,12 +1,16 @@
 //! `cargo xtask ci`: the whole test suite, in the order a reviewer would want failures
 //! reported (cheap checks first). It installs what it needs (the Python contract-test
-//! environment) under `target/`, so a fresh clone needs nothing but Rust and Python 3.
+//! environment) under `target/`, so a fresh clone needs nothing but Rust and Python 3, and
+//! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
+//! either it fails.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
+
+use crate::pg;
 
 /// Runs every check. `--no-lint` skips fmt and clippy (for quick local runs).
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
@@ -61,13 +65,25 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         ],
     )?;
 
+    step("PostgreSQL for the tests");
+    let postgres = pg::provide(&root)?;
+    let postgres_summary = format!(
+        "ci: PostgreSQL used: {} ({})",
+        postgres.redacted_url(),
+        postgres.origin
+    );
+
     step("cargo test (all features)");
-    totals.add(cargo_test(&root)?);
+    let tested = cargo_test(&root, postgres.url_for_tests());
+    // Stops a server CI started, before anything else can fail.
+    drop(postgres);
+    totals.add(tested?);
 
     step("python contract tests (grpcio client)");
     totals.add(python_tests(&root)?);
 
     println!();
+    println!("{postgres_summary}");
     println!("ci: {} passed, {} failed", totals.passed, totals.failed);
     if totals.failed > 0 {
         bail!("{} test(s) failed", totals.failed);
@@ -116,14 +132,25 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `cargo test`, echoing its output and adding up its `test result:` lines.
-fn cargo_test(root: &Path) -> anyhow::Result<Totals> {
-    let mut child = Command::new(cargo_bin())
-        .args(["test", "--workspace", "--all-features", "--locked"])
+/// Runs `cargo test`, echoing its output and adding up its `test result:` lines. `pg_url`
+/// is given to the tests as `TOOLGATE_TEST_PG_URL` (`None`: they use their default).
+fn cargo_test(root: &Path, pg_url: Option<&str>) -> anyhow::Result<Totals> {
+    let mut command = Command::new(cargo_bin());
+    command
+        // Every package's tests run even after one fails, so one failure hides nothing.
+        .args([
+            "test",
+            "--workspace",
+            "--all-features",
+            "--locked",
+            "--no-fail-fast",
+        ])
         .current_dir(root)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("cannot run cargo test")?;
+        .stdout(Stdio::piped());
+    if let Some(url) = pg_url {
+        command.env(pg::URL_ENV, url);
+    }
+    let mut child = command.spawn().context("cannot run cargo test")?;
     let stdout = child.stdout.take().context("piped stdout")?;
     let mut totals = Totals::default();
     for line in BufReader::new(stdout).lines() {
@@ -215,6 +242,9 @@ fn python_tests(root: &Path) -> anyhow::Result<Totals> {
         ])
         .env("PYTHONPATH", &stubs)
         .env("TOOLGATE_BIN", &binary)
+        // The gateways pytest starts inherit this environment and refuse unknown TOOLGATE_*
+        // variables; this one is the Rust tests'.
+        .env_remove(pg::URL_ENV)
         .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()

@@ -1,12 +1,14 @@
 //! Project automation, run as `cargo xtask <command>`:
 //! - `ci`: everything CI checks, in order (format, lints, the Rust suites, the Python contract
-//!   tests); the one command that says whether main is green.
+//!   tests); the one command that says whether main is green. It finds or starts the
+//!   PostgreSQL the end-to-end tests need (`pg.rs`) and fails without one.
 //! - `bench`: the gateway's overhead benchmark (see `bench.rs`).
 
 #![allow(clippy::print_stdout, reason = "xtask reports to its user on stdout")]
 
 mod bench;
 mod ci;
+mod pg;
 
 use std::process::ExitCode;
 

@@ -1,7 +1,21 @@
 //! Test connectors (`testkit.*`): a no-op, an echo, a sleeper that never answers in time, a
 //! panicker, a failer and a payment-shaped tool for policy conditions. Compiled only for tests
 //! and with the `testkit` feature; never part of a production build.
+//!
+//! # Counting executions from outside the gateway
+//!
+//! When the environment variable `TESTKIT_EXECUTION_LOG` names a file, every invocation of any
+//! testkit tool appends one line `<tool> <tool_call_id>\n` (for example
+//! `testkit.transfer tc_0190...\n`) to it as soon as the connector is entered, before it sleeps,
+//! panics or answers: a call the gateway hands to the connector counts as executed even if the
+//! process dies during it. The line goes out in a single `write` on a file opened with
+//! `O_APPEND`, which is atomic for lines this small, so several gateway processes can share
+//! one log and tests count executions (e.g. "exactly one per approved invocation") by counting
+//! lines. A log that cannot be written fails the call with `INTERNAL` rather than
+//! under-counting. The variable is read at each invocation; it is not `TOOLGATE_`-prefixed
+//! because the gateway refuses unknown `TOOLGATE_*` variables.
 
+use std::io::Write as _;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -119,6 +133,7 @@ impl Connector for TestkitConnector {
         tool: &ToolName,
         arguments: Value,
     ) -> Result<ToolOutput, ToolError> {
+        log_execution(&ctx, tool)?;
         match tool.action() {
             "noop" => Ok(ToolOutput::new(json!({"ok": true}))),
             "echo" => Ok(ToolOutput::new(arguments)),
@@ -158,5 +173,77 @@ impl Connector for TestkitConnector {
                 format!("testkit has no action `{other}`"),
             )),
         }
+    }
+}
+
+/// The environment variable naming the execution log (see the module documentation).
+pub const EXECUTION_LOG_ENV: &str = "TESTKIT_EXECUTION_LOG";
+
+/// Appends `<tool> <tool_call_id>\n` to the execution log, when one is configured, in one
+/// `O_APPEND` write.
+fn log_execution(ctx: &InvocationContext, tool: &ToolName) -> Result<(), ToolError> {
+    match std::env::var_os(EXECUTION_LOG_ENV) {
+        Some(path) => append_line(
+            std::path::Path::new(&path),
+            &format!("{tool} {}\n", ctx.tool_call_id),
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Appends `line` to `path` (created if missing) in a single `O_APPEND` write.
+fn append_line(path: &std::path::Path, line: &str) -> Result<(), ToolError> {
+    let written = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .and_then(|mut file| file.write(line.as_bytes()));
+    match written {
+        Ok(n) if n == line.len() => Ok(()),
+        Ok(n) => Err(ToolError::new(
+            ErrorCode::Internal,
+            format!(
+                "{EXECUTION_LOG_ENV}: short write ({n} of {} bytes)",
+                line.len()
+            ),
+        )),
+        Err(err) => Err(ToolError::new(
+            ErrorCode::Internal,
+            format!("{EXECUTION_LOG_ENV}: cannot append: {err}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::append_line;
+
+    #[test]
+    fn concurrent_appends_leave_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("executions.log");
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200 {
+                        append_line(&path, &format!("testkit.noop tc_{w}_{i}\n")).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 8 * 200);
+        assert!(
+            lines.iter().all(|l| l.starts_with("testkit.noop tc_")),
+            "{text}"
+        );
+        lines.sort_unstable();
+        lines.dedup();
+        assert_eq!(lines.len(), 8 * 200, "every line intact and distinct");
     }
 }

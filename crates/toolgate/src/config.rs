@@ -136,6 +136,8 @@ const ENV_OTHER: &[&str] = &[
     "TOOLGATE_LOG",
     "TOOLGATE_TOKEN",
     "TOOLGATE_ADDR",
+    // Read by the key loader, not a config key (keys never go in the config file).
+    "TOOLGATE_MASTER_KEYS",
     // The PostgreSQL server of the test suite; gateways the tests start inherit it.
     "TOOLGATE_TEST_PG_URL",
 ];
@@ -420,5 +422,33 @@ mod tests {
         .unwrap();
         assert_eq!(config.listen.port(), 2);
         assert_eq!(config.disabled_connectors, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn storage_and_keys_come_from_the_environment() {
+        let config = load(
+            "",
+            &[
+                (
+                    "TOOLGATE_DATABASE",
+                    "postgres://toolgate@127.0.0.1:5432/toolgate",
+                ),
+                ("TOOLGATE_DATABASE_SCHEMA", "replicas"),
+                ("TOOLGATE_MASTER_KEYS", "k1=AAAA"),
+                (
+                    "TOOLGATE_TEST_PG_URL",
+                    "postgres://postgres@127.0.0.1:5432/test",
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.database,
+            Database::Postgres {
+                url: "postgres://toolgate@127.0.0.1:5432/toolgate".into(),
+                schema: Some("replicas".into()),
+            }
+        );
+        assert_eq!(config.master_keys.as_deref(), Some("k1=AAAA"));
     }
 }

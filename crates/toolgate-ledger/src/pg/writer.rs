@@ -471,8 +471,10 @@ fn chain_tenants(ops: &[OpKind]) -> Vec<String> {
     tenants.into_iter().collect()
 }
 
-/// Whether a batch can take the fast path: only calls, finishes and appends, no call finished
-/// twice (the second must see the first), and no call both recorded and finished.
+/// Whether a batch can take the fast path: only calls, finishes and appends, and no call
+/// finished twice (the second must see the first). A call is never recorded and finished in
+/// one batch: its recorder is answered only after the commit, and nothing finishes a call
+/// before that.
 fn fast_eligible(ops: &[OpKind]) -> bool {
     let mut finishing = HashSet::new();
     ops.iter().all(|op| match op {
