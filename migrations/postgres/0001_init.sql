@@ -5,18 +5,19 @@
 -- Conventions: timestamps are BIGINT unix milliseconds (UTC); JSON values are TEXT holding
 -- exactly the text that was written (audit payloads are hashed as text, so they must come back
 -- byte for byte, which JSONB would not do); booleans are BOOLEAN; stable names (statuses,
--- roles, codes) are TEXT as the Rust types spell them.
+-- roles, codes) are TEXT as the Rust types spell them. Text columns use the "C" collation:
+-- ids sort bytewise, as on SQLite, whatever the database's locale (and compare faster).
 
 CREATE TABLE tenants (
-    id         TEXT   NOT NULL PRIMARY KEY,
-    name       TEXT   NOT NULL,
+    id         TEXT COLLATE "C"   NOT NULL PRIMARY KEY,
+    name       TEXT COLLATE "C"   NOT NULL,
     created_at BIGINT NOT NULL
 );
 
 CREATE TABLE agents (
-    tenant     TEXT   NOT NULL REFERENCES tenants (id),
-    id         TEXT   NOT NULL,
-    name       TEXT   NOT NULL,
+    tenant     TEXT COLLATE "C"   NOT NULL REFERENCES tenants (id),
+    id         TEXT COLLATE "C"   NOT NULL,
+    name       TEXT COLLATE "C"   NOT NULL,
     created_at BIGINT NOT NULL,
     PRIMARY KEY (tenant, id)
 );
@@ -24,12 +25,12 @@ CREATE TABLE agents (
 -- Only the SHA-256 of a token is stored. `tenant` is NULL for admin tokens; `agent` binds an
 -- agent token to one agent (MATCH SIMPLE skips the composite foreign key when agent is NULL).
 CREATE TABLE api_tokens (
-    id         TEXT    NOT NULL PRIMARY KEY,
-    hash       TEXT    NOT NULL UNIQUE,
-    role       TEXT    NOT NULL CHECK (role IN ('admin', 'agent', 'approver')),
-    tenant     TEXT    REFERENCES tenants (id),
-    agent      TEXT,
-    label      TEXT    NOT NULL,
+    id         TEXT COLLATE "C"    NOT NULL PRIMARY KEY,
+    hash       TEXT COLLATE "C"    NOT NULL UNIQUE,
+    role       TEXT COLLATE "C"    NOT NULL CHECK (role IN ('admin', 'agent', 'approver')),
+    tenant     TEXT COLLATE "C"    REFERENCES tenants (id),
+    agent      TEXT COLLATE "C",
+    label      TEXT COLLATE "C"    NOT NULL,
     created_at BIGINT  NOT NULL,
     revoked    BOOLEAN NOT NULL DEFAULT FALSE,
     CHECK (agent IS NULL OR tenant IS NOT NULL),
@@ -41,9 +42,9 @@ CREATE INDEX api_tokens_tenant ON api_tokens (tenant);
 -- A grant binds a tool to a whole tenant (agent IS NULL) or to one agent; each case has its
 -- own partial unique index, and upserts name the matching one.
 CREATE TABLE tool_permissions (
-    tenant     TEXT    NOT NULL REFERENCES tenants (id),
-    agent      TEXT,
-    tool       TEXT    NOT NULL,
+    tenant     TEXT COLLATE "C"    NOT NULL REFERENCES tenants (id),
+    agent      TEXT COLLATE "C",
+    tool       TEXT COLLATE "C"    NOT NULL,
     enabled    BOOLEAN NOT NULL,
     updated_at BIGINT  NOT NULL,
     FOREIGN KEY (tenant, agent) REFERENCES agents (tenant, id)
@@ -55,28 +56,28 @@ CREATE UNIQUE INDEX tool_permissions_per_agent
     ON tool_permissions (tenant, agent, tool) WHERE agent IS NOT NULL;
 
 CREATE TABLE feature_flags (
-    tenant     TEXT    NOT NULL REFERENCES tenants (id),
-    flag       TEXT    NOT NULL,
+    tenant     TEXT COLLATE "C"    NOT NULL REFERENCES tenants (id),
+    flag       TEXT COLLATE "C"    NOT NULL,
     enabled    BOOLEAN NOT NULL,
     updated_at BIGINT  NOT NULL,
     PRIMARY KEY (tenant, flag)
 );
 
 CREATE TABLE policy_sets (
-    tenant     TEXT   NOT NULL REFERENCES tenants (id),
+    tenant     TEXT COLLATE "C"   NOT NULL REFERENCES tenants (id),
     version    BIGINT NOT NULL CHECK (version >= 1),
-    text       TEXT   NOT NULL,
-    created_by TEXT   NOT NULL,
+    text       TEXT COLLATE "C"   NOT NULL,
+    created_by TEXT COLLATE "C"   NOT NULL,
     created_at BIGINT NOT NULL,
     PRIMARY KEY (tenant, version)
 );
 
 CREATE TABLE runs (
-    id                TEXT   NOT NULL PRIMARY KEY,
-    tenant            TEXT   NOT NULL,
-    agent             TEXT   NOT NULL,
-    manifest          TEXT   NOT NULL, -- JSON array of tool names
-    status            TEXT   NOT NULL CHECK (status IN ('active', 'waiting_approval', 'completed')),
+    id                TEXT COLLATE "C"   NOT NULL PRIMARY KEY,
+    tenant            TEXT COLLATE "C"   NOT NULL,
+    agent             TEXT COLLATE "C"   NOT NULL,
+    manifest          TEXT COLLATE "C"   NOT NULL, -- JSON array of tool names
+    status            TEXT COLLATE "C"   NOT NULL CHECK (status IN ('active', 'waiting_approval', 'completed')),
     calls_used        BIGINT NOT NULL CHECK (calls_used >= 0),
     max_calls         BIGINT NOT NULL CHECK (max_calls >= 0),
     pending_approvals BIGINT NOT NULL CHECK (pending_approvals >= 0),
@@ -93,22 +94,22 @@ CREATE TABLE runs (
 -- longer holds its lock was interrupted by a crash.
 CREATE TABLE tool_calls (
     seq                BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id                 TEXT   NOT NULL UNIQUE,
-    tenant             TEXT   NOT NULL,
-    run                TEXT   NOT NULL,
-    agent              TEXT   NOT NULL,
-    tool               TEXT   NOT NULL,
-    action             TEXT,
-    tool_use_id        TEXT,
-    correlation_id     TEXT   NOT NULL,
-    status             TEXT   NOT NULL,
-    args_hash          TEXT   NOT NULL,
-    input_redacted     TEXT   NOT NULL, -- JSON
-    output_redacted    TEXT,            -- JSON
-    error_code         TEXT,
-    error_text         TEXT,
-    policy_decision_id TEXT,
-    risk_level         TEXT,
+    id                 TEXT COLLATE "C"   NOT NULL UNIQUE,
+    tenant             TEXT COLLATE "C"   NOT NULL,
+    run                TEXT COLLATE "C"   NOT NULL,
+    agent              TEXT COLLATE "C"   NOT NULL,
+    tool               TEXT COLLATE "C"   NOT NULL,
+    action             TEXT COLLATE "C",
+    tool_use_id        TEXT COLLATE "C",
+    correlation_id     TEXT COLLATE "C"   NOT NULL,
+    status             TEXT COLLATE "C"   NOT NULL,
+    args_hash          TEXT COLLATE "C"   NOT NULL,
+    input_redacted     TEXT COLLATE "C"   NOT NULL, -- JSON
+    output_redacted    TEXT COLLATE "C",            -- JSON
+    error_code         TEXT COLLATE "C",
+    error_text         TEXT COLLATE "C",
+    policy_decision_id TEXT COLLATE "C",
+    risk_level         TEXT COLLATE "C",
     duration_ms        BIGINT,
     attempts           BIGINT NOT NULL,
     created_at         BIGINT NOT NULL,
@@ -125,13 +126,13 @@ CREATE INDEX tool_calls_run ON tool_calls (run, seq);
 CREATE INDEX tool_calls_running ON tool_calls (owner, seq) WHERE status = 'running';
 
 CREATE TABLE policy_decisions (
-    id             TEXT   NOT NULL PRIMARY KEY,
-    tenant         TEXT   NOT NULL,
-    tool_call_id   TEXT   NOT NULL REFERENCES tool_calls (id),
-    tool           TEXT   NOT NULL,
-    decision       TEXT   NOT NULL,
-    risk           TEXT   NOT NULL,
-    policy_ids     TEXT   NOT NULL, -- JSON array of policy ids
+    id             TEXT COLLATE "C"   NOT NULL PRIMARY KEY,
+    tenant         TEXT COLLATE "C"   NOT NULL,
+    tool_call_id   TEXT COLLATE "C"   NOT NULL REFERENCES tool_calls (id),
+    tool           TEXT COLLATE "C"   NOT NULL,
+    decision       TEXT COLLATE "C"   NOT NULL,
+    risk           TEXT COLLATE "C"   NOT NULL,
+    policy_ids     TEXT COLLATE "C"   NOT NULL, -- JSON array of policy ids
     policy_version BIGINT NOT NULL,
     created_at     BIGINT NOT NULL
 );
@@ -139,23 +140,23 @@ CREATE TABLE policy_decisions (
 -- A suspended call. Claims are conditional updates naming the exact `version` observed.
 -- `arguments` is kept only while the row is pending (NULL once resolved).
 CREATE TABLE pending_invocations (
-    id             TEXT   NOT NULL PRIMARY KEY,
-    tenant         TEXT   NOT NULL,
-    run            TEXT   NOT NULL,
-    tool_call_id   TEXT   NOT NULL REFERENCES tool_calls (id),
-    tool           TEXT   NOT NULL,
-    arguments      TEXT,            -- JSON
-    args_hash      TEXT   NOT NULL,
-    manifest       TEXT   NOT NULL, -- JSON array of tool names
+    id             TEXT COLLATE "C"   NOT NULL PRIMARY KEY,
+    tenant         TEXT COLLATE "C"   NOT NULL,
+    run            TEXT COLLATE "C"   NOT NULL,
+    tool_call_id   TEXT COLLATE "C"   NOT NULL REFERENCES tool_calls (id),
+    tool           TEXT COLLATE "C"   NOT NULL,
+    arguments      TEXT COLLATE "C",            -- JSON
+    args_hash      TEXT COLLATE "C"   NOT NULL,
+    manifest       TEXT COLLATE "C"   NOT NULL, -- JSON array of tool names
     policy_version BIGINT NOT NULL,
-    origin         TEXT   NOT NULL CHECK (origin IN ('APPROVAL_REQUIRED', 'POLICY_DENIED', 'EXECUTION_FAILED')),
-    decision       TEXT   NOT NULL,
-    state          TEXT   NOT NULL CHECK (state IN ('pending', 'approved', 'rejected', 'continued')),
+    origin         TEXT COLLATE "C"   NOT NULL CHECK (origin IN ('APPROVAL_REQUIRED', 'POLICY_DENIED', 'EXECUTION_FAILED')),
+    decision       TEXT COLLATE "C"   NOT NULL,
+    state          TEXT COLLATE "C"   NOT NULL CHECK (state IN ('pending', 'approved', 'rejected', 'continued')),
     version        BIGINT NOT NULL,
     expires_at     BIGINT NOT NULL,
     created_at     BIGINT NOT NULL,
-    decided_by     TEXT,
-    reason         TEXT,
+    decided_by     TEXT COLLATE "C",
+    reason         TEXT COLLATE "C",
     decided_at     BIGINT,
     FOREIGN KEY (tenant, run) REFERENCES runs (tenant, id)
 );
@@ -169,15 +170,15 @@ CREATE INDEX pending_invocations_expiry ON pending_invocations (state, expires_a
 -- reader's cursor never skips an event that commits later.
 CREATE TABLE audit_events (
     seq          BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    tenant       TEXT   NOT NULL REFERENCES tenants (id),
+    tenant       TEXT COLLATE "C"   NOT NULL REFERENCES tenants (id),
     chain_seq    BIGINT NOT NULL CHECK (chain_seq >= 1),
-    kind         TEXT   NOT NULL,
-    run          TEXT,
-    tool_call_id TEXT,
-    payload      TEXT   NOT NULL, -- JSON, exactly the text that was hashed
+    kind         TEXT COLLATE "C"   NOT NULL,
+    run          TEXT COLLATE "C",
+    tool_call_id TEXT COLLATE "C",
+    payload      TEXT COLLATE "C"   NOT NULL, -- JSON, exactly the text that was hashed
     at           BIGINT NOT NULL,
-    prev_hash    TEXT   NOT NULL,
-    hash         TEXT   NOT NULL,
+    prev_hash    TEXT COLLATE "C"   NOT NULL,
+    hash         TEXT COLLATE "C"   NOT NULL,
     UNIQUE (tenant, chain_seq)
 );
 
@@ -187,22 +188,22 @@ CREATE INDEX audit_events_run ON audit_events (tenant, run, chain_seq) WHERE run
 -- moved in the same transaction as every append. Writers lock it (SELECT ... FOR UPDATE) before
 -- appending, which is what orders one tenant's appends across replicas.
 CREATE TABLE audit_heads (
-    tenant    TEXT   NOT NULL PRIMARY KEY REFERENCES tenants (id),
+    tenant    TEXT COLLATE "C"   NOT NULL PRIMARY KEY REFERENCES tenants (id),
     chain_seq BIGINT NOT NULL CHECK (chain_seq >= 0),
-    hash      TEXT   NOT NULL
+    hash      TEXT COLLATE "C"   NOT NULL
 );
 
 -- Tenant credentials for connectors: sealed (AES-256-GCM ciphertext `tgs1.<key id>.<base64>`,
 -- `key_id` names the master key, never stored here) or a reference (`env:NAME`, `file:/path`).
 CREATE TABLE tenant_tool_secrets (
-    tenant     TEXT   NOT NULL REFERENCES tenants (id),
-    name       TEXT   NOT NULL,
-    kind       TEXT   NOT NULL CHECK (kind IN ('sealed', 'reference')),
-    value      TEXT   NOT NULL,
-    key_id     TEXT,
-    metadata   TEXT   NOT NULL DEFAULT '{}', -- JSON object, never secret material
-    notes      TEXT   NOT NULL DEFAULT '',
-    created_by TEXT   NOT NULL,
+    tenant     TEXT COLLATE "C"   NOT NULL REFERENCES tenants (id),
+    name       TEXT COLLATE "C"   NOT NULL,
+    kind       TEXT COLLATE "C"   NOT NULL CHECK (kind IN ('sealed', 'reference')),
+    value      TEXT COLLATE "C"   NOT NULL,
+    key_id     TEXT COLLATE "C",
+    metadata   TEXT COLLATE "C"   NOT NULL DEFAULT '{}', -- JSON object, never secret material
+    notes      TEXT COLLATE "C"   NOT NULL DEFAULT '',
+    created_by TEXT COLLATE "C"   NOT NULL,
     created_at BIGINT NOT NULL,
     updated_at BIGINT NOT NULL,
     PRIMARY KEY (tenant, name),

@@ -13,6 +13,8 @@ mod pg;
 mod rows;
 mod sqlite;
 mod store;
+#[cfg(test)]
+mod tests;
 mod verify;
 
 pub use chain::{GENESIS_HASH, event_hash};

@@ -20,12 +20,15 @@
 //!   on it for as long as it is open. Calls it records or resumes carry that key; a `running`
 //!   call whose owner's lock can be taken belongs to a process that is gone, and only those are
 //!   reported by `list_running_calls`.
-//! - **Fan-out**: every batch that appends events also sends `NOTIFY toolgate_events` (delivered
-//!   at commit); each store listens and ticks [`Store::subscribe_commits`], so watchers on every
-//!   replica re-read the ledger at once.
+//! - **Fan-out**: every batch that appends events also notifies the schema's channel (see
+//!   `events_channel`; delivered at commit); each store listens and ticks
+//!   [`Store::subscribe_commits`], so watchers on every replica re-read the ledger at once.
 
 mod steps;
 mod writer;
+
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -62,8 +65,20 @@ use writer::{Counters, Writer};
 /// The schema, embedded at compile time.
 static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
 
-/// The channel every commit with audit events notifies.
-const EVENTS_CHANNEL: &str = "toolgate_events";
+/// The channel every commit with audit events notifies: `toolgate_events`, or for a store in
+/// its own schema `toolgate_events_` and a hash of the schema name (channels are database-wide,
+/// so deployments in other schemas must not wake this one's watchers; the hash keeps the name
+/// within PostgreSQL's 63 bytes).
+fn events_channel(schema: Option<&str>) -> String {
+    use sha2::Digest as _;
+    match schema {
+        None => "toolgate_events".to_owned(),
+        Some(schema) => {
+            let digest = sha2::Sha256::digest(schema.as_bytes());
+            format!("toolgate_events_{}", hex::encode(&digest[..8]))
+        }
+    }
+}
 /// Writes waiting for the writer before callers wait to enqueue (backpressure).
 const QUEUE_CAPACITY: usize = 4096;
 /// Connections for reads.
@@ -154,14 +169,25 @@ impl PgStore {
         let mut listener = PgListener::connect_with(&pool).await.map_err(|error| {
             LedgerError::Database(format!("could not listen for ledger changes: {error}"))
         })?;
-        listener.listen(EVENTS_CHANNEL).await.map_err(|error| {
+        let channel = events_channel(options.schema.as_deref());
+        listener.listen(&channel).await.map_err(|error| {
             LedgerError::Database(format!("could not listen for ledger changes: {error}"))
         })?;
         let listener = tokio::spawn(listen(listener, tick));
 
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        tokio::spawn(Writer::new(conn, connect_options, rx, Arc::clone(&counters), instance).run());
+        tokio::spawn(
+            Writer::new(
+                conn,
+                connect_options,
+                rx,
+                Arc::clone(&counters),
+                instance,
+                channel,
+            )
+            .run(),
+        );
         Ok(PgStore {
             writer: tx,
             pool,

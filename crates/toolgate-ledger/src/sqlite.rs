@@ -70,9 +70,10 @@ pub struct SqliteStore {
     writer: mpsc::Sender<Command>,
     read: SqlitePool,
     counters: Arc<Counters>,
-    /// The newest call when the store was opened: calls after it are this process's own, so
-    /// only calls up to it can have been interrupted by a crash.
-    interrupted_up_to: i64,
+    /// The calls (their `seq`, as a JSON array) that were `running` when the store was opened:
+    /// only those can have been interrupted by a crash. Every other `running` call is this
+    /// process's own, including one that was waiting for approval at open and approved since.
+    interrupted: String,
 }
 
 /// What the writer has done since the store was opened.
@@ -143,11 +144,12 @@ impl SqliteStore {
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
-        let interrupted_up_to: i64 =
-            sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM tool_calls")
-                .fetch_one(&mut conn)
+        let running: Vec<i64> =
+            sqlx::query_scalar("SELECT seq FROM tool_calls WHERE status = 'running' ORDER BY seq")
+                .fetch_all(&mut conn)
                 .await
                 .map_err(read_error)?;
+        let interrupted = serde_json::Value::from(running).to_string();
         let read = SqlitePoolOptions::new()
             .max_connections(READ_CONNECTIONS)
             .connect_with(shared.read_only(true))
@@ -163,7 +165,7 @@ impl SqliteStore {
             writer: tx,
             read,
             counters,
-            interrupted_up_to,
+            interrupted,
         })
     }
 
@@ -625,9 +627,10 @@ impl Store for SqliteStore {
         let rows = sqlx::query(concat!(
             "SELECT ",
             call_columns!(),
-            " FROM tool_calls WHERE status = 'running' AND seq <= ? ORDER BY seq LIMIT ?"
+            " FROM tool_calls WHERE status = 'running' \
+              AND seq IN (SELECT value FROM json_each(?)) ORDER BY seq LIMIT ?"
         ))
-        .bind(self.interrupted_up_to)
+        .bind(self.interrupted.clone())
         .bind(i64::from(limit))
         .fetch_all(&self.read)
         .await

@@ -32,7 +32,6 @@ use tracing::warn;
 use crate::error::LedgerError;
 use crate::model::RecordOutcome;
 use crate::ops::{Command, OpKind, PreparedEvent, Reply, WriteOp};
-use crate::pg::EVENTS_CHANNEL;
 use crate::pg::steps::{Head, Link, Steps, link};
 use crate::rows::{Fail, SqlFailure};
 
@@ -56,6 +55,8 @@ pub(super) struct Writer {
     rx: mpsc::Receiver<Command>,
     counters: Arc<Counters>,
     instance: i64,
+    /// Where commits with events are announced.
+    channel: String,
 }
 
 /// Why a batch failed as a whole.
@@ -73,6 +74,7 @@ impl Writer {
         rx: mpsc::Receiver<Command>,
         counters: Arc<Counters>,
         instance: i64,
+        channel: String,
     ) -> Writer {
         Writer {
             conn: Some(conn),
@@ -80,6 +82,7 @@ impl Writer {
             rx,
             counters,
             instance,
+            channel,
         }
     }
 
@@ -327,7 +330,7 @@ impl Writer {
                     .map(|(_, head)| head.hash.clone())
                     .collect::<Vec<_>>(),
             )
-            .bind(EVENTS_CHANNEL);
+            .bind(self.channel.clone());
         let conn = self.connection().await?;
         match query.fetch_one(&mut *conn).await {
             Ok(row) => {
@@ -403,6 +406,7 @@ impl Writer {
                 .into_iter()
                 .filter_map(|tenant| heads.get(&tenant).cloned().map(|head| (tenant, head)))
                 .collect();
+            let channel = self.channel.clone();
             let conn = self.connection().await?;
             let written = sqlx::query(MOVE_HEADS)
                 .bind(
@@ -423,7 +427,7 @@ impl Writer {
                         .map(|(_, head)| head.hash.clone())
                         .collect::<Vec<_>>(),
                 )
-                .bind(EVENTS_CHANNEL)
+                .bind(channel)
                 .fetch_one(&mut *conn)
                 .await;
             match written {
