@@ -88,13 +88,14 @@ CREATE TABLE runs (
     FOREIGN KEY (tenant, agent) REFERENCES agents (tenant, id)
 );
 
--- `seq` is the insertion order; pages of a run's calls are ordered by it. `owner` is the
+-- `seq` is the insertion order; pages of a run's calls are ordered by it (through the
+-- indexes below: `seq` alone is never looked up, so it has no index of its own). `owner` is the
 -- gateway process that recorded the call (its instance key, also the key of the session-level
 -- advisory lock that process holds while it lives): a call still `running` whose owner no
 -- longer holds its lock was interrupted by a crash.
 CREATE TABLE tool_calls (
-    seq                BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id                 TEXT COLLATE "C"   NOT NULL UNIQUE,
+    seq                BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY,
+    id                 TEXT COLLATE "C"   NOT NULL PRIMARY KEY,
     tenant             TEXT COLLATE "C"   NOT NULL,
     run                TEXT COLLATE "C"   NOT NULL,
     agent              TEXT COLLATE "C"   NOT NULL,
@@ -125,10 +126,12 @@ CREATE INDEX tool_calls_run ON tool_calls (run, seq);
 -- Calls still `running`: only the handful in flight.
 CREATE INDEX tool_calls_running ON tool_calls (owner, seq) WHERE status = 'running';
 
+-- No foreign key to tool_calls: a decision is written in the same statement as its call and
+-- never apart from it, and the check would cost a lookup per call on the hottest path.
 CREATE TABLE policy_decisions (
     id             TEXT COLLATE "C"   NOT NULL PRIMARY KEY,
     tenant         TEXT COLLATE "C"   NOT NULL,
-    tool_call_id   TEXT COLLATE "C"   NOT NULL REFERENCES tool_calls (id),
+    tool_call_id   TEXT COLLATE "C"   NOT NULL,
     tool           TEXT COLLATE "C"   NOT NULL,
     decision       TEXT COLLATE "C"   NOT NULL,
     risk           TEXT COLLATE "C"   NOT NULL,
@@ -168,9 +171,11 @@ CREATE INDEX pending_invocations_expiry ON pending_invocations (state, expires_a
 -- is the position in the tenant's chain, 1, 2, 3, ... without gaps. Appends of one tenant are
 -- serialized by locking its `audit_heads` row, so `chain_seq` order is also commit order: a
 -- reader's cursor never skips an event that commits later.
+-- No foreign key to tenants: an event is appended only after its tenant's head row (which
+-- references the tenant) has been locked, which already proves the tenant exists.
 CREATE TABLE audit_events (
     seq          BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    tenant       TEXT COLLATE "C"   NOT NULL REFERENCES tenants (id),
+    tenant       TEXT COLLATE "C"   NOT NULL,
     chain_seq    BIGINT NOT NULL CHECK (chain_seq >= 1),
     kind         TEXT COLLATE "C"   NOT NULL,
     run          TEXT COLLATE "C",
@@ -219,6 +224,17 @@ CREATE INDEX tenant_tool_secrets_key ON tenant_tool_secrets (key_id) WHERE key_i
 CREATE FUNCTION toolgate_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION '%', TG_ARGV[0] USING ERRCODE = 'integrity_constraint_violation';
+END
+$$;
+
+-- Aborts the statement it is called from unless `ok`: how the writer's one-statement batch
+-- refuses to commit when a chain head moved under it (another replica appended first).
+CREATE FUNCTION toolgate_check(ok boolean, message text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT ok THEN
+        RAISE EXCEPTION '%', message USING ERRCODE = 'serialization_failure';
+    END IF;
+    RETURN true;
 END
 $$;
 

@@ -4,15 +4,16 @@
 //!
 //! - **Writes**: one writer task per process does group commit, like SQLite: whatever has
 //!   queued is committed in one transaction. A batch of calls, finishes and appends is one
-//!   statement (data-modifying CTEs over arrays), so it costs the same few round trips however
+//!   statement (data-modifying CTEs over arrays) committing by itself: one round trip however
 //!   many operations it holds. Anything else, or a batch that statement refuses, runs operation
 //!   by operation, each in its own savepoint (see `steps`).
-//! - **Audit chains across replicas**: one hash chain per tenant, as on SQLite. A batch locks
-//!   the `audit_heads` rows of the tenants it appends to (`SELECT ... FOR UPDATE`, in tenant
-//!   order, so two batches never wait on each other in a cycle) and reads the heads under that
-//!   lock: replicas take turns on a tenant's chain, batch by batch, and `chain_seq` order is
-//!   commit order, which keeps WatchRun's cursor exact. The cost is that one busy tenant's
-//!   appends are serialized across replicas (measured in `cargo xtask bench`).
+//! - **Audit chains across replicas**: one hash chain per tenant, as on SQLite. The one-statement
+//!   batch chains from the heads its writer last saw and moves each head only if it has not
+//!   moved since (checked in the statement, which otherwise aborts); the slow path locks the
+//!   heads (`SELECT ... FOR UPDATE`, in tenant order, so two batches never wait on each other in
+//!   a cycle). Either way `chain_seq` order is commit order, which keeps WatchRun's cursor
+//!   exact. The cost is that replicas appending to one busy tenant conflict and fall back to
+//!   taking turns.
 //! - **Claims** are the conditional `UPDATE ... WHERE version = $observed AND state =
 //!   'pending'`: PostgreSQL's row lock makes a concurrent claim wait and then re-check the row,
 //!   so of any number of deciders on any number of replicas exactly one changes it.

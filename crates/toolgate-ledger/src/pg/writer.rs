@@ -1,20 +1,24 @@
-//! The PostgreSQL writer task: group commit, as on SQLite, with the chain heads of a batch
-//! locked in the database rather than cached (other replicas append too).
+//! The PostgreSQL writer task: group commit, as on SQLite, with chain heads that other
+//! replicas may move too: cached optimistically, checked in the database on every commit.
 //!
-//! A batch is one transaction:
+//! The fast path, when every operation of a batch is a call, a finish or an append: all of
+//! them are one statement (`BULK`: data-modifying CTEs over arrays, so its text, and its
+//! prepared statement, is the same for any batch size) in its own implicit transaction, one
+//! round trip. It chains events from the heads this writer last saw committed (cached) and
+//! moves each head only if it is still there (`WHERE chain_seq = <previous>`); if another
+//! replica moved it meanwhile, or anything else is refused (a repeated `tool_use_id`, a used-up
+//! budget, a call no longer running), `toolgate_check` or a constraint aborts the statement,
+//! nothing is written, and the batch runs the slow way:
 //!
 //! 1. `BEGIN`, then lock and read the heads of every tenant the batch appends to, in tenant
 //!    order (`SELECT ... ORDER BY tenant FOR UPDATE`), so batches of different replicas never
-//!    wait on each other in a cycle.
-//! 2. *Fast path*, when every operation is a call, a finish or an append: all of them are one
-//!    statement (`BULK`, data-modifying CTEs over arrays, so its text, and its prepared
-//!    statement, is the same for any batch size) that also moves the heads and notifies
-//!    listeners. It assumes the common case (new calls within budget, calls still running);
-//!    if anything is refused, or a finish finds its call no longer running, the whole
-//!    transaction is rolled back and the batch runs the slow way, which answers precisely.
-//! 3. *Slow path*: each operation in its own savepoint, statement by statement (see `steps`);
-//!    a refused operation rolls back alone. Then the heads that moved are written, with a
-//!    notification, and the batch commits.
+//!    wait on each other in a cycle;
+//! 2. each operation in its own savepoint, statement by statement (see `steps`), so a refused
+//!    operation rolls back alone and gets a precise answer;
+//! 3. the heads that moved are written, with a notification, and the batch commits.
+//!
+//! Either way a tenant's events commit in chain order: a batch only appends after the head it
+//! read, and only commits if that head is still current.
 //!
 //! A batch that hits a deadlock or serialization failure before its COMMIT was sent is run
 //! again (nothing of it was committed). A failure during COMMIT is not retried: the outcome is
@@ -25,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row, SqlSafeStr, SqlStr};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -57,6 +61,11 @@ pub(super) struct Writer {
     instance: i64,
     /// Where commits with events are announced.
     channel: String,
+    /// The chain heads as this writer last saw them committed. Only a hint: another replica
+    /// may have moved a head since, which the fast path detects (and then this is reloaded).
+    heads: HashMap<String, Head>,
+    /// The text of each variant of the one-statement batch, built once.
+    statements: HashMap<Parts, SqlStr>,
 }
 
 /// Why a batch failed as a whole.
@@ -83,6 +92,8 @@ impl Writer {
             counters,
             instance,
             channel,
+            heads: HashMap::new(),
+            statements: HashMap::new(),
         }
     }
 
@@ -162,34 +173,83 @@ impl Writer {
         ops: &[OpKind],
     ) -> Result<Vec<Result<Reply, LedgerError>>, BatchError> {
         let tenants = chain_tenants(ops);
-        let fast = fast_eligible(ops);
-        if fast {
-            let heads = self.begin(&tenants).await?;
+        if fast_eligible(ops) {
+            let heads = self.cached_heads(&tenants).await?;
             match self.bulk(ops, heads).await {
-                Ok(Some(replies)) => {
-                    self.commit().await?;
+                Ok(Some((replies, moved))) => {
+                    self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                    self.heads.extend(moved);
                     return Ok(replies.into_iter().map(Ok).collect());
                 }
                 Ok(None) => {
+                    // Refused as a whole (a conflict, a constraint): nothing was written.
                     self.counters.bulk_fallbacks.fetch_add(1, Ordering::Relaxed);
-                    self.rollback().await?;
+                    self.forget_heads(&tenants);
                 }
                 Err(error) => {
-                    self.rollback().await?;
+                    self.forget_heads(&tenants);
                     return Err(error);
                 }
             }
         }
         let heads = self.begin(&tenants).await?;
         match self.slow(ops, heads).await {
-            Ok(results) => {
+            Ok((results, heads)) => {
                 self.commit().await?;
+                // Locked and moved by this transaction: current as of its commit.
+                self.heads.extend(heads);
                 Ok(results)
             }
             Err(error) => {
                 self.rollback().await?;
+                self.forget_heads(&tenants);
                 Err(error)
             }
+        }
+    }
+
+    /// The cached heads of `tenants`, loading the ones not cached (without locking them).
+    async fn cached_heads(
+        &mut self,
+        tenants: &[String],
+    ) -> Result<HashMap<String, Head>, BatchError> {
+        let missing: Vec<String> = tenants
+            .iter()
+            .filter(|tenant| !self.heads.contains_key(*tenant))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            let conn = self.connection().await?;
+            let rows = sqlx::query(
+                "SELECT tenant, chain_seq, hash FROM audit_heads WHERE tenant = ANY($1)",
+            )
+            .bind(&missing)
+            .fetch_all(&mut *conn)
+            .await;
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(error) => return Err(self.classify(&error, "reading the audit chain heads")),
+            };
+            for row in rows {
+                let tenant: String = row.try_get("tenant").map_err(decode)?;
+                let chain_seq: i64 = row.try_get("chain_seq").map_err(decode)?;
+                let hash: String = row.try_get("hash").map_err(decode)?;
+                self.heads.insert(tenant, Head { chain_seq, hash });
+            }
+        }
+        Ok(tenants
+            .iter()
+            .filter_map(|tenant| {
+                self.heads
+                    .get(tenant)
+                    .map(|head| (tenant.clone(), head.clone()))
+            })
+            .collect())
+    }
+
+    fn forget_heads(&mut self, tenants: &[String]) {
+        for tenant in tenants {
+            self.heads.remove(tenant);
         }
     }
 
@@ -275,7 +335,8 @@ impl Writer {
         &mut self,
         ops: &[OpKind],
         mut heads: HashMap<String, Head>,
-    ) -> Result<Option<Vec<Reply>>, BatchError> {
+    ) -> Result<Option<(Vec<Reply>, HashMap<String, Head>)>, BatchError> {
+        let before = heads.clone();
         let mut arrays = Bulk::default();
         let mut replies = Vec::with_capacity(ops.len());
         for op in ops {
@@ -308,9 +369,19 @@ impl Writer {
             .iter()
             .filter(|(tenant, _)| arrays.event_tenants.contains(*tenant))
             .collect();
+        // Each moved head is updated only if it is still where this batch's chain starts.
+        let previous: Vec<i64> = moved
+            .iter()
+            .map(|(tenant, _)| before.get(*tenant).map_or(-1, |head| head.chain_seq))
+            .collect();
         let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
         let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
-        let query = arrays.bind(sqlx::query(BULK)).bind(finishes);
+        let sql = self
+            .statements
+            .entry(arrays.parts())
+            .or_insert_with_key(|parts| parts.sql())
+            .clone();
+        let query = arrays.bind(sqlx::query(sql)).bind(finishes);
         let query = query
             .bind(
                 moved
@@ -330,25 +401,40 @@ impl Writer {
                     .map(|(_, head)| head.hash.clone())
                     .collect::<Vec<_>>(),
             )
-            .bind(self.channel.clone());
+            .bind(self.channel.clone())
+            .bind(previous);
+        let moved: HashMap<String, Head> = moved
+            .into_iter()
+            .map(|(tenant, head)| (tenant.clone(), head.clone()))
+            .collect();
         let conn = self.connection().await?;
+        // One statement in its own implicit transaction: it commits (durably) as a whole, or,
+        // refused, writes nothing.
         match query.fetch_one(&mut *conn).await {
             Ok(row) => {
                 let finished: i64 = row.try_get("finished").map_err(decode)?;
                 let heads_moved: i64 = row.try_get("heads").map_err(decode)?;
                 if finished == finishes && heads_moved == head_count {
-                    Ok(Some(replies))
+                    Ok(Some((replies, moved)))
                 } else {
-                    Ok(None)
+                    // toolgate_check() refuses such a statement; reaching this is a bug.
+                    Err(BatchError::Failed(LedgerError::Database(format!(
+                        "internal: a batch committed with {finished} of {finishes} finishes and \
+                         {heads_moved} of {head_count} chain heads"
+                    ))))
                 }
             }
-            Err(error) if matches!(error, sqlx::Error::Database(_)) && !retryable(&error) => {
-                match SqlFailure::classify(&error) {
-                    SqlFailure::Fatal(_) => Err(self.classify(&error, "writing a batch")),
-                    _ => Ok(None),
-                }
+            // Refused by the database (a conflict with another replica, a constraint, the
+            // check): rolled back, so the slow path may run the batch.
+            Err(error) if refused(&error) => Ok(None),
+            // Anything else (a lost connection): whether it committed is unknown, so it is not
+            // run again.
+            Err(error) => {
+                self.conn = None;
+                Err(BatchError::Failed(LedgerError::Database(format!(
+                    "writing a batch failed, outcome unknown: {error}"
+                ))))
             }
-            Err(error) => Err(self.classify(&error, "writing a batch")),
         }
     }
 
@@ -357,7 +443,7 @@ impl Writer {
         &mut self,
         ops: &[OpKind],
         mut heads: HashMap<String, Head>,
-    ) -> Result<Vec<Result<Reply, LedgerError>>, BatchError> {
+    ) -> Result<(Vec<Result<Reply, LedgerError>>, HashMap<String, Head>), BatchError> {
         let mut results = Vec::with_capacity(ops.len());
         let mut moved: HashSet<String> = HashSet::new();
         let instance = self.instance;
@@ -442,7 +528,7 @@ impl Writer {
                 Err(error) => return Err(self.classify(&error, "moving the audit chain heads")),
             }
         }
-        Ok(results)
+        Ok((results, heads))
     }
 
     async fn control(&mut self, sql: &'static str) -> Result<(), BatchError> {
@@ -491,10 +577,30 @@ fn fast_eligible(ops: &[OpKind]) -> bool {
 /// Deadlocks and serialization failures: the transaction was rolled back, try again.
 fn retryable(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40P01" | "40001")),
+        sqlx::Error::Database(db) => is_conflict_code(db.code().as_deref()),
         _ => false,
     }
 }
+
+fn is_conflict_code(code: Option<&str>) -> bool {
+    matches!(code, Some("40P01" | "40001"))
+}
+
+/// The database refused a statement (its transaction is rolled back), as opposed to the
+/// connection failing, after which nobody knows whether it committed.
+fn refused(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            retryable(error)
+                || db.code().as_deref() == Some(CONFLICT_CODE)
+                || !matches!(SqlFailure::classify(error), SqlFailure::Fatal(_))
+        }
+        _ => false,
+    }
+}
+
+/// What `toolgate_check` raises when a fast batch's chain heads moved under it.
+const CONFLICT_CODE: &str = "40001";
 
 fn is_conflict_message(message: &str) -> bool {
     message.contains("deadlock detected") || message.contains("could not serialize")
@@ -523,56 +629,130 @@ const MOVE_HEADS: &str = "WITH h AS (UPDATE audit_heads SET chain_seq = y.chain_
 
 /// Every call, finish and append of a fast batch in one statement. Sub-statements of one
 /// statement see the same snapshot and their foreign keys are checked at its end, so a call
-/// and its decision, pending invocation and events can all go in together.
-const BULK: &str = "WITH \
-     c AS (INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
-        correlation_id, status, args_hash, input_redacted, output_redacted, error_code, \
-        error_text, policy_decision_id, risk_level, duration_ms, attempts, created_at, \
-        updated_at, owner) \
-        SELECT u.*, $21::bigint FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
-        $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], \
-        $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::bigint[], \
-        $18::bigint[], $19::bigint[], $20::bigint[]) AS u RETURNING 1), \
-     r AS (UPDATE runs SET calls_used = runs.calls_used + a.used, \
-        pending_approvals = runs.pending_approvals + a.pending, \
-        status = CASE WHEN a.pending > 0 THEN 'waiting_approval' ELSE runs.status END \
-        FROM (SELECT x.t, x.r, SUM(x.u)::bigint AS used, SUM(x.p)::bigint AS pending \
-              FROM UNNEST($22::text[], $23::text[], $24::bigint[], $25::bigint[]) AS x(t, r, u, p) \
-              GROUP BY x.t, x.r) AS a \
-        WHERE runs.tenant = a.t AND runs.id = a.r RETURNING 1), \
-     d AS (INSERT INTO policy_decisions (id, tenant, tool_call_id, tool, decision, risk, \
-        policy_ids, policy_version, created_at) \
-        SELECT * FROM UNNEST($26::text[], $27::text[], $28::text[], $29::text[], $30::text[], \
-        $31::text[], $32::text[], $33::bigint[], $34::bigint[]) RETURNING 1), \
-     p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, arguments, \
-        args_hash, manifest, policy_version, origin, decision, state, version, expires_at, \
-        created_at) \
-        SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], $39::text[], \
-        $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], $45::text[], \
-        $46::text[], $47::bigint[], $48::bigint[], $49::bigint[]) RETURNING 1), \
-     f AS (UPDATE tool_calls SET status = v.status, output_redacted = v.output, \
-        error_code = v.code, error_text = v.text, duration_ms = v.duration, \
-        attempts = v.attempts, updated_at = v.at \
-        FROM UNNEST($50::text[], $51::text[], $52::text[], $53::text[], $54::text[], \
-        $55::text[], $56::bigint[], $57::bigint[], $58::bigint[]) \
-        AS v(id, tenant, status, output, code, text, duration, attempts, at) \
-        WHERE tool_calls.id = v.id AND tool_calls.tenant = v.tenant \
-        AND tool_calls.status = 'running' RETURNING 1), \
-     e AS (INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, payload, at, \
-        prev_hash, hash) \
-        SELECT w.tenant, w.chain_seq, w.kind, w.run, w.tool_call_id, w.payload, w.at, \
-        w.prev_hash, w.hash \
-        FROM UNNEST($59::text[], $60::bigint[], $61::text[], $62::text[], $63::text[], \
-        $64::text[], $65::bigint[], $66::text[], $67::text[]) WITH ORDINALITY \
-        AS w(tenant, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, ord) \
-        ORDER BY w.ord RETURNING 1), \
-     h AS (UPDATE audit_heads SET chain_seq = y.chain_seq, hash = y.hash \
-        FROM UNNEST($69::text[], $70::bigint[], $71::text[]) AS y(tenant, chain_seq, hash) \
-        WHERE audit_heads.tenant = y.tenant RETURNING 1) \
-     SELECT (SELECT count(*) FROM f) AS finished, (SELECT count(*) FROM h) AS heads, \
-        (SELECT count(*) FROM c) + (SELECT count(*) FROM r) + (SELECT count(*) FROM d) \
-        + (SELECT count(*) FROM p) + (SELECT count(*) FROM e) AS written, \
-        $68::bigint AS expected_finishes, pg_notify($72, '') IS NULL AS notified";
+/// and its run count, pending invocation and events can all go in together. Parameters are
+/// numbered the same in every variant (`Bulk::bind` binds them all); a variant leaves out the
+/// parts its batch does not have, because planning and running empty parts is most of the
+/// cost of a small batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Parts {
+    calls: bool,
+    counts: bool,
+    decisions: bool,
+    pending: bool,
+    finishes: bool,
+    events: bool,
+}
+
+impl Parts {
+    fn sql(self) -> SqlStr {
+        let mut ctes: Vec<&str> = Vec::new();
+        let mut written: Vec<&str> = Vec::new();
+        if self.calls {
+            ctes.push(
+                "c AS (INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
+                 correlation_id, status, args_hash, input_redacted, output_redacted, error_code, \
+                 error_text, policy_decision_id, risk_level, duration_ms, attempts, created_at, \
+                 updated_at, owner) \
+                 SELECT u.*, $21::bigint FROM UNNEST($1::text[], $2::text[], $3::text[], \
+                 $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
+                 $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], \
+                 $16::text[], $17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) AS u \
+                 RETURNING 1)",
+            );
+            written.push("(SELECT count(*) FROM c)");
+        }
+        if self.counts {
+            ctes.push(
+                "r AS (UPDATE runs SET calls_used = runs.calls_used + a.used, \
+                 pending_approvals = runs.pending_approvals + a.pending, \
+                 status = CASE WHEN a.pending > 0 THEN 'waiting_approval' ELSE runs.status END \
+                 FROM (SELECT x.t, x.r, SUM(x.u)::bigint AS used, SUM(x.p)::bigint AS pending \
+                 FROM UNNEST($22::text[], $23::text[], $24::bigint[], $25::bigint[]) \
+                 AS x(t, r, u, p) GROUP BY x.t, x.r) AS a \
+                 WHERE runs.tenant = a.t AND runs.id = a.r RETURNING 1)",
+            );
+            written.push("(SELECT count(*) FROM r)");
+        }
+        if self.decisions {
+            ctes.push(
+                "d AS (INSERT INTO policy_decisions (id, tenant, tool_call_id, tool, decision, \
+                 risk, policy_ids, policy_version, created_at) \
+                 SELECT * FROM UNNEST($26::text[], $27::text[], $28::text[], $29::text[], \
+                 $30::text[], $31::text[], $32::text[], $33::bigint[], $34::bigint[]) RETURNING 1)",
+            );
+            written.push("(SELECT count(*) FROM d)");
+        }
+        if self.pending {
+            ctes.push(
+                "p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, \
+                 arguments, args_hash, manifest, policy_version, origin, decision, state, \
+                 version, expires_at, created_at) \
+                 SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], \
+                 $39::text[], $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], \
+                 $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[]) \
+                 RETURNING 1)",
+            );
+            written.push("(SELECT count(*) FROM p)");
+        }
+        let finished = if self.finishes {
+            ctes.push(
+                "f AS (UPDATE tool_calls SET status = v.status, output_redacted = v.output, \
+                 error_code = v.code, error_text = v.text, duration_ms = v.duration, \
+                 attempts = v.attempts, updated_at = v.at \
+                 FROM UNNEST($50::text[], $51::text[], $52::text[], $53::text[], $54::text[], \
+                 $55::text[], $56::bigint[], $57::bigint[], $58::bigint[]) \
+                 AS v(id, tenant, status, output, code, text, duration, attempts, at) \
+                 WHERE tool_calls.id = v.id AND tool_calls.tenant = v.tenant \
+                 AND tool_calls.status = 'running' RETURNING 1)",
+            );
+            "(SELECT count(*) FROM f)"
+        } else {
+            "0::bigint"
+        };
+        let heads = if self.events {
+            ctes.push(
+                "e AS (INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, \
+                 payload, at, prev_hash, hash) \
+                 SELECT w.tenant, w.chain_seq, w.kind, w.run, w.tool_call_id, w.payload, w.at, \
+                 w.prev_hash, w.hash \
+                 FROM UNNEST($59::text[], $60::bigint[], $61::text[], $62::text[], $63::text[], \
+                 $64::text[], $65::bigint[], $66::text[], $67::text[]) WITH ORDINALITY \
+                 AS w(tenant, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, \
+                 ord) ORDER BY w.ord RETURNING 1)",
+            );
+            ctes.push(
+                "h AS (UPDATE audit_heads SET chain_seq = y.chain_seq, hash = y.hash \
+                 FROM UNNEST($69::text[], $70::bigint[], $71::text[], $73::bigint[]) \
+                 AS y(tenant, chain_seq, hash, previous) \
+                 WHERE audit_heads.tenant = y.tenant AND audit_heads.chain_seq = y.previous \
+                 RETURNING 1)",
+            );
+            written.push("(SELECT count(*) FROM e)");
+            "(SELECT count(*) FROM h)"
+        } else {
+            "0::bigint"
+        };
+        let written = if written.is_empty() {
+            "0::bigint".to_owned()
+        } else {
+            written.join(" + ")
+        };
+        let mut text = String::from("WITH ");
+        for cte in &ctes {
+            text.push_str(cte);
+            text.push_str(", ");
+        }
+        text.push_str(&format!(
+            "n AS (SELECT {finished} AS finished, {heads} AS heads) \
+             SELECT n.finished, n.heads, \
+             toolgate_check(n.finished = $68 AND n.heads = cardinality($69::text[]), \
+             'the batch conflicted with another writer') AS checked, \
+             {written} AS written, \
+             pg_notify($72, '') IS NULL AS notified FROM n"
+        ));
+        AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+    }
+}
 
 /// The columns of a fast batch, one array per column.
 #[derive(Default)]
@@ -648,6 +828,18 @@ struct Bulk {
 }
 
 impl Bulk {
+    /// Which parts of the statement this batch needs.
+    fn parts(&self) -> Parts {
+        Parts {
+            calls: !self.call_id.is_empty(),
+            counts: !self.count_run.is_empty(),
+            decisions: !self.decision_id.is_empty(),
+            pending: !self.pending_id.is_empty(),
+            finishes: !self.finish_id.is_empty(),
+            events: !self.event_tenant.is_empty(),
+        }
+    }
+
     fn call(&mut self, prepared: &crate::ops::PreparedCall, owner: i64) {
         let call = &prepared.call;
         self.owner = owner;
