@@ -608,9 +608,8 @@ impl PgSchema {
     /// keys. Add `.admin_token(..)` (or use [`Gateway::replica`]) for every gateway but the
     /// first, and `.dir(..)` to restart one in its old directory.
     ///
-    /// The keys are shared through one key file (`TOOLGATE_KEY_FILE`); `TOOLGATE_MASTER_KEYS`
-    /// with the same value would do, were the gateway's configuration not refusing it as an
-    /// unknown variable.
+    /// The keys are shared through one key file (`TOOLGATE_KEY_FILE`), as a deployment would
+    /// share them through `TOOLGATE_MASTER_KEYS`.
     pub fn options(&self) -> GatewayOptions {
         let key_file = self.keys.path().join("toolgate-keys");
         GatewayOptions::new()

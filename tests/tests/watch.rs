@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use toolgate_e2e::{Gateway, authed, execute};
+use toolgate_e2e::{Gateway, PgSchema, authed, execute};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
 
@@ -170,4 +170,89 @@ async fn a_waiting_runtime_sees_the_approved_outcome_and_can_resume_from_a_curso
     until(&mut resumed, "tool_call.succeeded", &mut again).await;
     let kinds: Vec<&str> = again.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds, ["tool_call.approved", "tool_call.succeeded"]);
+}
+
+/// On PostgreSQL, a runtime watching its run on one replica sees a decision made, and the call
+/// executed, on another replica (their commits reach every replica's watchers).
+#[tokio::test]
+async fn pg_a_runtime_watching_one_replica_sees_a_decision_made_on_another() {
+    let schema = PgSchema::new().await;
+    let first = Gateway::start_pg(&schema);
+    let second = first.replica(schema.options());
+    let token = first.tenant("acme", "support", &["testkit.transfer"]).await;
+    first.put_policy("acme", POLICY).await;
+    let approver = first.approver_token("acme").await;
+    let run = first.open_run(&token, "support", 0).await;
+
+    let mut stream = first
+        .agent()
+        .await
+        .watch_run(authed(
+            pb::WatchRunRequest {
+                run_id: run.clone(),
+                after_cursor: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let held = second
+        .agent()
+        .await
+        .execute_tool(authed(
+            execute(
+                &run,
+                "testkit.transfer",
+                r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#,
+            ),
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(held.status(), pb::ToolCallStatus::WaitingApproval);
+    let mut seen = Vec::new();
+    until(&mut stream, "tool_call.approval_requested", &mut seen).await;
+
+    let outcome = ApprovalServiceClient::new(second.channel().await)
+        .resume(authed(
+            pb::ResumeRequest {
+                run_id: run.clone(),
+                invocation_id: held.pending_invocation_id.clone(),
+                decision: pb::ResumeDecision::Approve.into(),
+                reason: "ok".into(),
+            },
+            &approver,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(outcome.outcome(), pb::ResumeOutcome::Executed);
+    until(&mut stream, "tool_call.succeeded", &mut seen).await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "tool_call.requested",
+            "tool_call.approval_requested",
+            "tool_call.approved",
+            "tool_call.succeeded"
+        ]
+    );
+    assert!(seen.windows(2).all(|w| w[0].cursor < w[1].cursor));
+    // GetToolCall on either replica returns the outcome too.
+    let call = first
+        .agent()
+        .await
+        .get_tool_call(authed(
+            pb::GetToolCallRequest {
+                tool_call_id: held.tool_call_id.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(call.status(), pb::ToolCallStatus::Succeeded);
 }
