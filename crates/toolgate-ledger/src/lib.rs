@@ -1,9 +1,10 @@
 //! The durable ledger: tenants, tokens, configuration, runs, tool calls, policy decisions,
 //! pending invocations and the hash-chained audit trail, behind the [`Store`] interface.
 //!
-//! SQLite ([`SqliteStore`]) is the embedded default. All writes go through one writer task
-//! that commits whatever has queued up in a single transaction (group commit), so concurrent
-//! callers share an fsync without any write being acknowledged before it is durable.
+//! SQLite ([`SqliteStore`]) is the embedded default; PostgreSQL ([`PgStore`]) serves several
+//! gateway replicas sharing one database. On both, all writes of a process go through one
+//! writer task that commits whatever has queued up in a single transaction (group commit), so
+//! concurrent callers share an fsync without any write being acknowledged before it is durable.
 
 mod chain;
 mod error;
