@@ -132,7 +132,17 @@ impl PgStore {
         };
         let display = display_target(&connect_options, options.schema.as_deref());
 
-        let mut conn = connect_options.connect().await.map_err(|error| {
+        // The writer's statements all touch a handful of rows by key. Their plans are generic
+        // (prepared once, kept), made when the tables may still be small; a plan that scans a
+        // whole table then stays in use as it grows, and every batch gets slower the longer
+        // the gateway runs. Steering the writer's session away from scans and hash joins keeps
+        // every row reached through its index.
+        let writer_options = connect_options.clone().options([
+            ("enable_seqscan", "off"),
+            ("enable_hashjoin", "off"),
+            ("enable_mergejoin", "off"),
+        ]);
+        let mut conn = writer_options.connect().await.map_err(|error| {
             LedgerError::Database(format!(
                 "could not connect to PostgreSQL {display}: {error}"
             ))
@@ -181,7 +191,7 @@ impl PgStore {
         tokio::spawn(
             Writer::new(
                 conn,
-                connect_options,
+                writer_options,
                 rx,
                 Arc::clone(&counters),
                 instance,

@@ -694,6 +694,10 @@ impl Parts {
             );
             written.push("(SELECT count(*) FROM p)");
         }
+        // The running check is spelled so that it cannot use the partial index of running
+        // calls: that index keeps an entry for every call that ever ran until vacuum removes
+        // it, and scanning it on every batch made finishes slower the longer the gateway ran.
+        // The primary key finds each call directly.
         let finished = if self.finishes {
             ctes.push(
                 "f AS (UPDATE tool_calls SET status = v.status, output_redacted = v.output, \
@@ -703,7 +707,7 @@ impl Parts {
                  $55::text[], $56::bigint[], $57::bigint[], $58::bigint[]) \
                  AS v(id, tenant, status, output, code, text, duration, attempts, at) \
                  WHERE tool_calls.id = v.id AND tool_calls.tenant = v.tenant \
-                 AND tool_calls.status = 'running' RETURNING 1)",
+                 AND COALESCE(tool_calls.status, '') = 'running' RETURNING 1)",
             );
             "(SELECT count(*) FROM f)"
         } else {
