@@ -130,6 +130,13 @@ impl Engine {
         self
     }
 
+    /// Drops the cached kill switches and policies, so the next call reads them from the store:
+    /// for a change another process made (a replica sharing the store).
+    pub fn forget_cached_configuration(&self) {
+        self.flags.write().expect("flag cache lock").clear();
+        self.policies.write().expect("policy cache lock").clear();
+    }
+
     /// Changes whenever this engine has committed run events: a cue for watchers to re-read
     /// the ledger (which stays the source of truth, also for events of other processes).
     pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {

@@ -1609,3 +1609,38 @@ async fn replicas_share_one_ledger_and_chain(backend: Backend) {
 async fn replicas_share_one_ledger_and_chain_pg() {
     ledgers::run_on(Kind::Pg, replicas_share_one_ledger_and_chain).await;
 }
+
+/// A kill switch thrown through one replica stops calls on another as soon as that one drops
+/// its cached configuration (which the gateway does on the store's configuration feed).
+async fn a_kill_switch_on_one_replica_reaches_the_other(backend: Backend) {
+    let a = harness(&backend).await;
+    let b = a.replica().await;
+    let run = a.run(None).await;
+    let before = a.call(&run, "testkit.echo", r#"{"message": "on"}"#).await;
+    assert_eq!(before.status, ToolCallStatus::Succeeded, "{before:?}");
+    let mut changes = a
+        .store
+        .subscribe_config_changes()
+        .expect("a PostgreSQL store has a configuration feed");
+    changes.borrow_and_update();
+    b.engine
+        .set_flag(&b.tenant, TOOL_CALLING_ENABLED, false)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(120), changes.changed())
+        .await
+        .expect("replica A never heard of B's kill switch")
+        .expect("configuration feed open");
+    a.engine.forget_cached_configuration();
+    let after = a.call(&run, "testkit.echo", r#"{"message": "off"}"#).await;
+    assert_eq!(
+        after.error_code(),
+        Some(ErrorCode::FeatureDisabled),
+        "{after:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_kill_switch_on_one_replica_reaches_the_other_pg() {
+    ledgers::run_on(Kind::Pg, a_kill_switch_on_one_replica_reaches_the_other).await;
+}

@@ -71,12 +71,22 @@ static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
 /// so deployments in other schemas must not wake this one's watchers; the hash keeps the name
 /// within PostgreSQL's 63 bytes).
 fn events_channel(schema: Option<&str>) -> String {
+    channel("toolgate_events", schema)
+}
+
+/// The channel commits that change configuration (flags, grants, policies, tokens, credentials)
+/// notify, named like [`events_channel`]: other replicas drop their caches of it at once.
+fn config_channel(schema: Option<&str>) -> String {
+    channel("toolgate_config", schema)
+}
+
+fn channel(prefix: &str, schema: Option<&str>) -> String {
     use sha2::Digest as _;
     match schema {
-        None => "toolgate_events".to_owned(),
+        None => prefix.to_owned(),
         Some(schema) => {
             let digest = sha2::Sha256::digest(schema.as_bytes());
-            format!("toolgate_events_{}", hex::encode(&digest[..8]))
+            format!("{prefix}_{}", hex::encode(&digest[..8]))
         }
     }
 }
@@ -107,6 +117,7 @@ pub struct PgStore {
     /// Holds this instance's advisory lock while the store is open.
     liveness: Mutex<Option<PgConnection>>,
     commits: watch::Receiver<u64>,
+    config_changes: watch::Receiver<u64>,
     listener: tokio::task::JoinHandle<()>,
 }
 
@@ -180,14 +191,19 @@ impl PgStore {
             })?;
 
         let (tick, commits) = watch::channel(0_u64);
+        let (config_tick, config_changes) = watch::channel(0_u64);
         let mut listener = PgListener::connect_with(&pool).await.map_err(|error| {
             LedgerError::Database(format!("could not listen for ledger changes: {error}"))
         })?;
         let channel = events_channel(options.schema.as_deref());
-        listener.listen(&channel).await.map_err(|error| {
-            LedgerError::Database(format!("could not listen for ledger changes: {error}"))
-        })?;
-        let listener = tokio::spawn(listen(listener, tick));
+        let config = config_channel(options.schema.as_deref());
+        listener
+            .listen_all([channel.as_str(), config.as_str()])
+            .await
+            .map_err(|error| {
+                LedgerError::Database(format!("could not listen for ledger changes: {error}"))
+            })?;
+        let listener = tokio::spawn(listen(listener, config.clone(), tick, config_tick));
 
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
@@ -199,6 +215,7 @@ impl PgStore {
                 Arc::clone(&counters),
                 instance,
                 channel,
+                config,
             )
             .run(),
         );
@@ -209,6 +226,7 @@ impl PgStore {
             instance,
             liveness: Mutex::new(Some(liveness)),
             commits,
+            config_changes,
             listener,
         })
     }
@@ -294,17 +312,31 @@ impl PgStore {
 
 /// Forwards notifications to the watch channel until the store goes away. `PgListener`
 /// reconnects by itself; a tick after a reconnect makes watchers re-read whatever they missed.
-async fn listen(mut listener: PgListener, tick: watch::Sender<u64>) {
+async fn listen(
+    mut listener: PgListener,
+    config: String,
+    commits: watch::Sender<u64>,
+    config_changes: watch::Sender<u64>,
+) {
+    let bump = |tick: &watch::Sender<u64>| tick.send_modify(|count| *count = count.wrapping_add(1));
     loop {
         match listener.try_recv().await {
-            Ok(_) => {}
+            Ok(Some(notification)) if notification.channel() == config => bump(&config_changes),
+            Ok(Some(_)) => bump(&commits),
+            // The connection was lost and is re-established on the next call: whatever was
+            // notified meanwhile is gone, so both sides re-read.
+            Ok(None) => {
+                bump(&commits);
+                bump(&config_changes);
+            }
             Err(error) => {
                 warn!(%error, "listening for ledger changes failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                bump(&commits);
+                bump(&config_changes);
             }
         }
-        tick.send_modify(|count| *count = count.wrapping_add(1));
-        if tick.is_closed() {
+        if commits.is_closed() && config_changes.is_closed() {
             return;
         }
     }
@@ -941,5 +973,9 @@ impl Store for PgStore {
 
     fn subscribe_commits(&self) -> Option<watch::Receiver<u64>> {
         Some(self.commits.clone())
+    }
+
+    fn subscribe_config_changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.config_changes.clone())
     }
 }

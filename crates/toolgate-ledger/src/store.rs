@@ -236,4 +236,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn subscribe_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
     }
+
+    /// Ticks whenever any process sharing this store has committed a configuration change
+    /// (flags, grants, policies, tokens, credentials), so every replica can drop what it caches
+    /// of them at once instead of when the cache expires. `None` when only this process writes
+    /// the store.
+    fn subscribe_config_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }

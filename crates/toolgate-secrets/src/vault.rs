@@ -102,6 +102,11 @@ impl Vault {
         self.cache.lock().expect("secret cache lock").clear();
     }
 
+    /// Forgets every cached value (after another process changed credentials).
+    pub fn invalidate_all(&self) {
+        self.cache.lock().expect("secret cache lock").clear();
+    }
+
     /// Forgets a cached value (after an update or delete).
     pub fn invalidate(&self, tenant: &TenantId, name: &SecretName) {
         self.cache

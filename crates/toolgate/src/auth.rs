@@ -167,6 +167,11 @@ impl Authenticator {
         Ok(caller)
     }
 
+    /// Drops every cached token: after another replica changed tokens.
+    pub(crate) fn forget_all(&self) {
+        self.cache.write().expect("token cache lock").clear();
+    }
+
     /// Drops a revoked token from the cache.
     pub(crate) fn forget_token(&self, token_id: &str) {
         self.cache

@@ -132,6 +132,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         config.engine.clone(),
     )?
     .with_secrets(Arc::clone(&vault) as Arc<dyn SecretSource>);
+    let config_vault = Arc::clone(&vault);
     let key_manager = Arc::new(keys::KeyManager::new(
         &config.key_file,
         config.master_keys.is_some(),
@@ -160,9 +161,21 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     // stream: without it, small responses wait for Nagle and delayed ACKs.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
 
+    let auth = Arc::new(Authenticator::new(Arc::clone(&store), TOKEN_CACHE_TTL));
+    // Replicas sharing the store: another one's change to flags, grants, policies, tokens or
+    // credentials empties this one's caches at once, so a kill switch or a revoked token
+    // takes effect everywhere without waiting for the caches to expire.
+    if let Some(changes) = store.subscribe_config_changes() {
+        tokio::spawn(forget_on_config_change(
+            changes,
+            Arc::clone(&engine),
+            Arc::clone(&auth),
+            config_vault,
+        ));
+    }
     let shared = Shared {
         engine,
-        auth: Arc::new(Authenticator::new(Arc::clone(&store), TOKEN_CACHE_TTL)),
+        auth,
         clock,
         keys: key_manager,
     };
@@ -257,6 +270,19 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     info!("shutting down");
+}
+
+async fn forget_on_config_change(
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
+    vault: Arc<Vault>,
+) {
+    while changes.changed().await.is_ok() {
+        engine.forget_cached_configuration();
+        auth.forget_all();
+        vault.invalidate_all();
+    }
 }
 
 /// How often expired pending invocations and calls of dead replicas are looked for.

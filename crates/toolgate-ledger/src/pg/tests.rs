@@ -913,11 +913,8 @@ async fn closing_a_store_releases_its_lock_before_returning() {
     }
 }
 
-/// A commit with audit events on one replica wakes the watchers of the others.
-///
-/// The notification channel is per database, not per schema, so other tests (or deployments)
-/// committing in the same database tick this store too: the test shows that a tick comes and
-/// that the event is then visible, not that this tick was caused by this commit alone.
+/// A commit with audit events on one replica wakes the watchers of the others. (Each schema
+/// has its own channel, so other tests committing in other schemas do not tick this store.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_on_one_replica_ticks_the_others() {
     let db = seeded(Backend::Pg, 10).await;
@@ -936,6 +933,48 @@ async fn a_commit_on_one_replica_ticks_the_others() {
     assert_eq!(
         seen.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
         ["admin.note"]
+    );
+    b.close().await;
+}
+
+/// A configuration change on one replica (a kill switch here) ticks the others' configuration
+/// feed, so they drop their caches; a plain audit commit does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_change_on_one_replica_ticks_the_others() {
+    let db = seeded(Backend::Pg, 10).await;
+    let a = db.store();
+    let b = replica(&db).await;
+    let mut commits = b.subscribe_commits().expect("a commit feed");
+    let mut config = b
+        .subscribe_config_changes()
+        .expect("a PostgreSQL store has a configuration feed");
+    commits.borrow_and_update();
+    config.borrow_and_update();
+
+    // Notifications arrive in commit order: once the event's tick is in, a configuration tick
+    // would have been too.
+    a.append_events(vec![note("acme", 1)]).await.unwrap();
+    tokio::time::timeout(HANG, commits.changed())
+        .await
+        .expect("replica B never ticked after A committed an audit event")
+        .expect("B's commit feed closed");
+    assert!(
+        !config.has_changed().unwrap(),
+        "an audit event is not a configuration change"
+    );
+
+    a.set_flag(&tenant_id("acme"), "tool_calling_enabled", false, T0)
+        .await
+        .unwrap();
+    tokio::time::timeout(HANG, config.changed())
+        .await
+        .expect("replica B never heard of A's kill switch")
+        .expect("B's configuration feed closed");
+    assert_eq!(
+        b.get_flag(&tenant_id("acme"), "tool_calling_enabled")
+            .await
+            .unwrap(),
+        Some(false)
     );
     b.close().await;
 }

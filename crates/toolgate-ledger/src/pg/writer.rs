@@ -61,6 +61,8 @@ pub(super) struct Writer {
     instance: i64,
     /// Where commits with events are announced.
     channel: String,
+    /// Where commits that change configuration are announced.
+    config_channel: String,
     /// The chain heads as this writer last saw them committed. Only a hint: another replica
     /// may have moved a head since, which the fast path detects (and then this is reloaded).
     heads: HashMap<String, Head>,
@@ -84,6 +86,7 @@ impl Writer {
         counters: Arc<Counters>,
         instance: i64,
         channel: String,
+        config_channel: String,
     ) -> Writer {
         Writer {
             conn: Some(conn),
@@ -92,6 +95,7 @@ impl Writer {
             counters,
             instance,
             channel,
+            config_channel,
             heads: HashMap::new(),
             statements: HashMap::new(),
         }
@@ -446,6 +450,7 @@ impl Writer {
     ) -> Result<(Vec<Result<Reply, LedgerError>>, HashMap<String, Head>), BatchError> {
         let mut results = Vec::with_capacity(ops.len());
         let mut moved: HashSet<String> = HashSet::new();
+        let mut config_changed = false;
         let instance = self.instance;
         for op in ops {
             if matches!(
@@ -467,6 +472,7 @@ impl Writer {
             match result {
                 Ok(reply) => {
                     self.control("RELEASE SAVEPOINT op").await?;
+                    config_changed |= changes_configuration(op);
                     moved.extend(undo.into_iter().map(|(tenant, _)| tenant));
                     results.push(Ok(reply));
                 }
@@ -528,6 +534,17 @@ impl Writer {
                 Err(error) => return Err(self.classify(&error, "moving the audit chain heads")),
             }
         }
+        if config_changed {
+            let config = self.config_channel.clone();
+            let conn = self.connection().await?;
+            let notified = sqlx::query("SELECT pg_notify($1, '')")
+                .bind(config)
+                .execute(&mut *conn)
+                .await;
+            if let Err(error) = notified {
+                return Err(self.classify(&error, "announcing a configuration change"));
+            }
+        }
         Ok((results, heads))
     }
 
@@ -538,6 +555,20 @@ impl Writer {
             Err(error) => Err(self.classify(&error, sql)),
         }
     }
+}
+
+/// Whether other replicas must drop what they cache after this operation commits.
+fn changes_configuration(op: &OpKind) -> bool {
+    matches!(
+        op,
+        OpKind::SetFlag { .. }
+            | OpKind::PutPolicySet { .. }
+            | OpKind::PutPermission(_)
+            | OpKind::RevokeToken(_)
+            | OpKind::PutCredential(_)
+            | OpKind::DeleteCredential { .. }
+            | OpKind::ReplaceSealed { .. }
+    )
 }
 
 /// Tenants whose chains a batch appends to, sorted (the order their heads are locked in).
