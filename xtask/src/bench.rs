@@ -222,7 +222,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let gateway_stderr = gateway.stderr_summary();
     drop(gateway);
 
-    let postgres = match postgres::url() {
+    let postgres = match crate::pg::running_server_url() {
         Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
         None => {
             println!(

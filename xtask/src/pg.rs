@@ -50,6 +50,13 @@ impl Postgres {
     }
 }
 
+/// The test suite's server (`TOOLGATE_TEST_PG_URL`, else the default URL) when it accepts
+/// connections, without starting one: what the benchmark measures against.
+pub(crate) fn running_server_url() -> Option<String> {
+    let url = std::env::var(URL_ENV).unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    reachable(&tcp_address(&url)?).then_some(url)
+}
+
 /// Finds or starts PostgreSQL, printing a banner saying which, or fails saying how to provide
 /// one.
 pub(crate) fn provide(root: &Path) -> anyhow::Result<Postgres> {

@@ -677,7 +677,6 @@ struct Parts {
 impl Parts {
     fn sql(self) -> SqlStr {
         let mut ctes: Vec<&str> = Vec::new();
-        let mut written: Vec<&str> = Vec::new();
         if self.calls {
             ctes.push(
                 "c AS (INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
@@ -690,7 +689,6 @@ impl Parts {
                  $16::text[], $17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) AS u \
                  RETURNING 1)",
             );
-            written.push("(SELECT count(*) FROM c)");
         }
         if self.counts {
             ctes.push(
@@ -702,7 +700,6 @@ impl Parts {
                  AS x(t, r, u, p) GROUP BY x.t, x.r) AS a \
                  WHERE runs.tenant = a.t AND runs.id = a.r RETURNING 1)",
             );
-            written.push("(SELECT count(*) FROM r)");
         }
         if self.decisions {
             ctes.push(
@@ -711,7 +708,6 @@ impl Parts {
                  SELECT * FROM UNNEST($26::text[], $27::text[], $28::text[], $29::text[], \
                  $30::text[], $31::text[], $32::text[], $33::bigint[], $34::bigint[]) RETURNING 1)",
             );
-            written.push("(SELECT count(*) FROM d)");
         }
         if self.pending {
             ctes.push(
@@ -723,7 +719,6 @@ impl Parts {
                  $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[]) \
                  RETURNING 1)",
             );
-            written.push("(SELECT count(*) FROM p)");
         }
         // The running check is spelled so that it cannot use the partial index of running
         // calls: that index keeps an entry for every call that ever ran until vacuum removes
@@ -762,15 +757,9 @@ impl Parts {
                  WHERE audit_heads.tenant = y.tenant AND audit_heads.chain_seq = y.previous \
                  RETURNING 1)",
             );
-            written.push("(SELECT count(*) FROM e)");
             "(SELECT count(*) FROM h)"
         } else {
             "0::bigint"
-        };
-        let written = if written.is_empty() {
-            "0::bigint".to_owned()
-        } else {
-            written.join(" + ")
         };
         let mut text = String::from("WITH ");
         for cte in &ctes {
@@ -782,7 +771,6 @@ impl Parts {
              SELECT n.finished, n.heads, \
              toolgate_check(n.finished = $68 AND n.heads = cardinality($69::text[]), \
              'the batch conflicted with another writer') AS checked, \
-             {written} AS written, \
              pg_notify($72, '') IS NULL AS notified FROM n"
         ));
         AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
