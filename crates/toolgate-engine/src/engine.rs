@@ -12,7 +12,7 @@ use toolgate_core::{
     ToolCallStatus, ToolError, ToolName, ToolSpec, ToolUseId,
 };
 use toolgate_ledger::{
-    FinishCall, NewAuditEvent, NewCall, PendingInvocation, PendingOrigin, PendingState,
+    Actor, FinishCall, NewAuditEvent, NewCall, PendingInvocation, PendingOrigin, PendingState,
     PolicyDecisionRecord, RecordOutcome, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED,
     ToolCallRecord,
 };
@@ -276,33 +276,23 @@ impl Engine {
 
     // --- flags and policies ----------------------------------------------------------------
 
-    /// Sets a tenant's feature flag and applies it to this process at once.
+    /// Sets a tenant's feature flag and applies it to this process at once. `actor` is the
+    /// acting admin token's id: the ledger records the change with its audit event.
     pub async fn set_flag(
         &self,
         tenant: &TenantId,
         flag: &str,
         enabled: bool,
+        actor: &str,
     ) -> Result<(), EngineError> {
-        self.store
-            .set_flag(tenant, flag, enabled, self.clock.now())
-            .await?;
+        let actor = Actor::token(actor, self.clock.now());
+        self.store.set_flag(tenant, flag, enabled, &actor).await?;
         if flag == TOOL_CALLING_ENABLED {
             self.flags
                 .write()
                 .expect("flag cache lock")
                 .insert(tenant.clone(), (enabled, Instant::now()));
         }
-        let at = self.clock.now();
-        self.store
-            .append_events(vec![NewAuditEvent {
-                tenant: tenant.clone(),
-                kind: "config.flag_set".into(),
-                run: None,
-                tool_call_id: None,
-                payload: json!({"flag": flag, "enabled": enabled}),
-                at,
-            }])
-            .await?;
         Ok(())
     }
 
@@ -331,8 +321,9 @@ impl Engine {
             .map_err(policy_error)
     }
 
-    /// Validates and stores a new version of a tenant's policy set; it applies to this process
-    /// at once (and to others within the cache TTL).
+    /// Validates and stores a new version of a tenant's policy set, created by the admin token
+    /// `created_by` (recorded with its audit event); it applies to this process at once (and
+    /// to others within the cache TTL).
     pub async fn put_policy(
         &self,
         tenant: &TenantId,
@@ -343,27 +334,14 @@ impl Engine {
         if self.store.get_tenant(tenant).await?.is_none() {
             return Err(EngineError::NotFound(format!("tenant `{tenant}`")));
         }
-        let at = self.clock.now();
-        let version = self
-            .store
-            .put_policy_set(tenant, text, created_by, at)
-            .await?;
+        let actor = Actor::token(created_by, self.clock.now());
+        let version = self.store.put_policy_set(tenant, text, &actor).await?;
         let compiled = CompiledPolicy::compile(self.catalog.policy_schema(), text, version)
             .map_err(policy_error)?;
         self.policies.write().expect("policy cache lock").insert(
             tenant.clone(),
             (PolicyState::Ready(Arc::new(compiled)), Instant::now()),
         );
-        self.store
-            .append_events(vec![NewAuditEvent {
-                tenant: tenant.clone(),
-                kind: "config.policy_set".into(),
-                run: None,
-                tool_call_id: None,
-                payload: json!({"version": version, "by": created_by}),
-                at,
-            }])
-            .await?;
         Ok(version)
     }
 

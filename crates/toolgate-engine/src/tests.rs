@@ -14,7 +14,7 @@ use toolgate_core::{
     Secrets, SystemClock, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName, ToolRegistry,
 };
 use toolgate_ledger::{
-    Agent, Permission, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED, Tenant,
+    Actor, Agent, Permission, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED, Tenant,
 };
 
 use crate::testkit::TestkitConnector;
@@ -35,6 +35,13 @@ struct Harness {
     backend: Backend,
     config: EngineConfig,
     secrets: Option<Arc<dyn SecretSource>>,
+}
+
+/// The admin token id the tests make their administrative changes with.
+const ADMIN_TOKEN: &str = "tok_admin";
+/// The actor of the tests' administrative changes made on the store directly.
+fn admin() -> Actor {
+    Actor::token(ADMIN_TOKEN, Timestamp(1))
 }
 
 const TOOLS: &[&str] = &[
@@ -63,36 +70,45 @@ async fn harness_with(
     let h = open_harness(backend, place, config, secrets).await;
     let store = &h.store;
     store
-        .create_tenant(Tenant {
-            id: h.tenant.clone(),
-            name: "Acme".into(),
-            created_at: Timestamp(1),
-        })
+        .create_tenant(
+            Tenant {
+                id: h.tenant.clone(),
+                name: "Acme".into(),
+                created_at: Timestamp(1),
+            },
+            &admin(),
+        )
         .await
         .unwrap();
     store
-        .create_agent(Agent {
-            tenant: h.tenant.clone(),
-            id: h.agent.clone(),
-            name: "Support".into(),
-            created_at: Timestamp(1),
-        })
+        .create_agent(
+            Agent {
+                tenant: h.tenant.clone(),
+                id: h.agent.clone(),
+                name: "Support".into(),
+                created_at: Timestamp(1),
+            },
+            &admin(),
+        )
         .await
         .unwrap();
     for tool in TOOLS {
         store
-            .put_permission(Permission {
-                tenant: h.tenant.clone(),
-                agent: None,
-                tool: ToolName::new(*tool).unwrap(),
-                enabled: true,
-                updated_at: Timestamp(1),
-            })
+            .put_permission(
+                Permission {
+                    tenant: h.tenant.clone(),
+                    agent: None,
+                    tool: ToolName::new(*tool).unwrap(),
+                    enabled: true,
+                    updated_at: Timestamp(1),
+                },
+                &admin(),
+            )
             .await
             .unwrap();
     }
     h.engine
-        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, true)
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, true, ADMIN_TOKEN)
         .await
         .unwrap();
     h
@@ -434,7 +450,7 @@ async fn kill_switch_blocks_before_anything_else(backend: Backend) {
     let h = harness(&backend).await;
     let run = h.run(None).await;
     h.engine
-        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, false)
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, false, ADMIN_TOKEN)
         .await
         .unwrap();
     let outcome = h.call(&run, "testkit.echo", "{}").await;
@@ -454,20 +470,26 @@ async fn new_tenants_start_with_tool_calling_disabled(backend: Backend) {
     let h = harness(&backend).await;
     let other = TenantId::new("globex").unwrap();
     h.store
-        .create_tenant(Tenant {
-            id: other.clone(),
-            name: "Globex".into(),
-            created_at: Timestamp(1),
-        })
+        .create_tenant(
+            Tenant {
+                id: other.clone(),
+                name: "Globex".into(),
+                created_at: Timestamp(1),
+            },
+            &admin(),
+        )
         .await
         .unwrap();
     h.store
-        .create_agent(Agent {
-            tenant: other.clone(),
-            id: h.agent.clone(),
-            name: "x".into(),
-            created_at: Timestamp(1),
-        })
+        .create_agent(
+            Agent {
+                tenant: other.clone(),
+                id: h.agent.clone(),
+                name: "x".into(),
+                created_at: Timestamp(1),
+            },
+            &admin(),
+        )
         .await
         .unwrap();
     let run = h
@@ -725,13 +747,16 @@ on_both_ledgers!(malformed_requests_are_refused_and_audited);
 async fn a_run_refuses_permissions_for_unserved_tools(backend: Backend) {
     let h = harness(&backend).await;
     h.store
-        .put_permission(Permission {
-            tenant: h.tenant.clone(),
-            agent: Some(h.agent.clone()),
-            tool: ToolName::new("shopify.order_lookup").unwrap(),
-            enabled: true,
-            updated_at: Timestamp(1),
-        })
+        .put_permission(
+            Permission {
+                tenant: h.tenant.clone(),
+                agent: Some(h.agent.clone()),
+                tool: ToolName::new("shopify.order_lookup").unwrap(),
+                enabled: true,
+                updated_at: Timestamp(1),
+            },
+            &admin(),
+        )
         .await
         .unwrap();
     let err = h
@@ -1624,7 +1649,7 @@ async fn a_kill_switch_on_one_replica_reaches_the_other(backend: Backend) {
         .expect("a PostgreSQL store has a configuration feed");
     changes.borrow_and_update();
     b.engine
-        .set_flag(&b.tenant, TOOL_CALLING_ENABLED, false)
+        .set_flag(&b.tenant, TOOL_CALLING_ENABLED, false, ADMIN_TOKEN)
         .await
         .unwrap();
     tokio::time::timeout(Duration::from_secs(120), changes.changed())

@@ -371,6 +371,112 @@ pub struct NewAuditEvent {
     pub at: Timestamp,
 }
 
+/// The id of the system audit chain: administrative changes that belong to no tenant (admin
+/// tokens issued or revoked, master keys rotated, rewrapped or retired). `@` is not allowed in
+/// a tenant id, so no tenant's chain can ever take this id; a reserved row in `tenants` (added
+/// by a migration, never returned by `list_tenants`) keeps the chain tables' foreign keys whole.
+pub const SYSTEM_CHAIN: &str = "@system";
+
+/// Which hash chain an audit event belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AuditChain {
+    /// A tenant's chain: its runs, calls and the administrative changes made to it.
+    Tenant(TenantId),
+    /// The system chain ([`SYSTEM_CHAIN`]).
+    System,
+}
+
+impl AuditChain {
+    /// The chain id as stored in `audit_events.tenant`.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AuditChain::Tenant(tenant) => tenant.as_str(),
+            AuditChain::System => SYSTEM_CHAIN,
+        }
+    }
+
+    /// The chain of a stored chain id.
+    pub fn parse(id: &str) -> Result<AuditChain, toolgate_core::IdError> {
+        if id == SYSTEM_CHAIN {
+            return Ok(AuditChain::System);
+        }
+        TenantId::new(id).map(AuditChain::Tenant)
+    }
+
+    /// The chain of a tenant, or the system chain for `None`.
+    pub fn of(tenant: Option<&TenantId>) -> AuditChain {
+        match tenant {
+            Some(tenant) => AuditChain::Tenant(tenant.clone()),
+            None => AuditChain::System,
+        }
+    }
+}
+
+impl std::fmt::Display for AuditChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who makes an administrative change, and when. Every store call that changes
+/// administration (tenants, agents, tokens, grants, flags, policies, credentials, master keys)
+/// takes one, and the store writes the change's `admin.*` audit event, naming this actor, in
+/// the same transaction as the change: no such change is stored without its event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Actor {
+    /// The public id of the admin token that made the change (never the token itself), or
+    /// [`Actor::GATEWAY`] for what the gateway does by itself (the first admin token).
+    pub token_id: String,
+    /// When the change was made.
+    pub at: Timestamp,
+}
+
+impl Actor {
+    /// The actor of changes the gateway makes by itself, with no caller.
+    pub const GATEWAY: &'static str = "gateway";
+
+    /// A change made with the admin token `token_id`.
+    pub fn token(token_id: impl Into<String>, at: Timestamp) -> Actor {
+        Actor {
+            token_id: token_id.into(),
+            at,
+        }
+    }
+
+    /// A change the gateway makes by itself.
+    pub fn gateway(at: Timestamp) -> Actor {
+        Actor::token(Actor::GATEWAY, at)
+    }
+}
+
+/// A change of the master key ring, recorded on the system chain (the keys themselves live
+/// outside the ledger; see [`crate::Store::record_key_change`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyChange {
+    /// A fresh key was added and seals new credentials from now on.
+    Rotated {
+        /// The new active key.
+        key_id: String,
+        /// The key that was active before.
+        previous: String,
+    },
+    /// Credentials were re-sealed under the active key (each one also has its own
+    /// `admin.credential_rewrapped` event on its tenant's chain).
+    Rewrapped {
+        /// The key they are sealed with now.
+        active_key_id: String,
+        /// How many were re-sealed.
+        rewrapped: u64,
+        /// How many changed meanwhile and were left alone.
+        skipped: u64,
+    },
+    /// A key no credential uses any more was removed.
+    Retired {
+        /// The removed key.
+        key_id: String,
+    },
+}
+
 /// One version of a tenant's Cedar policy set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicySetRecord {
@@ -445,7 +551,7 @@ pub struct FinishCall {
 pub struct VerifyReport {
     /// Events checked.
     pub events_checked: u64,
-    /// Chains (tenants) checked.
+    /// Chains checked (tenants, and the system chain once it has events).
     pub chains_checked: u64,
     /// The first problem found, if any.
     pub first_problem: Option<ChainProblem>,
@@ -454,8 +560,8 @@ pub struct VerifyReport {
 /// Where a chain stops being trustworthy.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChainProblem {
-    /// The tenant whose chain is broken.
-    pub tenant: TenantId,
+    /// The chain that is broken.
+    pub chain: AuditChain,
     /// The chain position where it breaks.
     pub chain_seq: i64,
     /// What is wrong: edited, deleted, reordered or truncated.

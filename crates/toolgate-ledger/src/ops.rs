@@ -1,14 +1,15 @@
 //! Write operations as the writer task receives them. Callers encode JSON and copy what the
 //! writer needs before queueing, so the writer spends its time on SQL, not on serialization.
 
+use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use toolgate_core::{SecretName, TenantId, Timestamp};
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, PendingInvocation, Permission,
-    PolicyDecisionRecord, RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord,
-    ToolCallRecord,
+    Actor, Agent, AuditChain, CredentialKind, CredentialRecord, FinishCall, KeyChange,
+    NewAuditEvent, NewCall, PendingInvocation, Permission, PolicyDecisionRecord, RecordOutcome,
+    ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord,
 };
 use crate::rows::manifest_json;
 
@@ -29,25 +30,35 @@ pub(crate) struct WriteOp {
     pub(crate) reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
 
-/// What to write.
+/// What to write. Every administrative operation carries its audit event, which the backends
+/// append in the same savepoint as the change (after it, so a refused change writes none).
 #[derive(Debug)]
 pub(crate) enum OpKind {
-    CreateTenant(Tenant),
-    CreateAgent(Agent),
-    CreateToken(TokenRecord),
-    RevokeToken(String),
-    PutPermission(Permission),
+    CreateTenant(Tenant, AdminEvent),
+    CreateAgent(Agent, AdminEvent),
+    CreateToken(TokenRecord, AdminEvent),
+    /// `tenant` is the token's (read before queueing; a token's tenant never changes), so the
+    /// event's chain is known before the batch locks its chain heads.
+    RevokeToken {
+        id: String,
+        tenant: Option<TenantId>,
+        event: AdminEvent,
+    },
+    PutPermission(Permission, AdminEvent),
     SetFlag {
         tenant: TenantId,
         flag: String,
         enabled: bool,
         at: Timestamp,
+        event: AdminEvent,
     },
+    /// The event gets the version the transaction assigns.
     PutPolicySet {
         tenant: TenantId,
         text: String,
         created_by: String,
         at: Timestamp,
+        event: AdminEvent,
     },
     CreateRun {
         run: RunRecord,
@@ -56,13 +67,15 @@ pub(crate) enum OpKind {
     RecordCall(Box<PreparedCall>),
     FinishCall(Box<PreparedFinish>),
     AppendEvents(Vec<PreparedEvent>),
-    PutCredential(Box<CredentialRecord>),
+    PutCredential(Box<(CredentialRecord, AdminEvent)>),
     ResolvePending(Box<(ResolvePending, Vec<PreparedEvent>)>),
     AddPending(Box<(PreparedPending, Vec<PreparedEvent>)>),
     DeleteCredential {
         tenant: TenantId,
         name: SecretName,
+        event: AdminEvent,
     },
+    /// The event is written only when the value was replaced.
     ReplaceSealed {
         tenant: TenantId,
         name: SecretName,
@@ -70,7 +83,203 @@ pub(crate) enum OpKind {
         value: String,
         key_id: String,
         at: Timestamp,
+        event: AdminEvent,
     },
+    /// A change outside the database (the master key ring): only its event is written.
+    RecordKeyChange(AdminEvent),
+}
+
+impl OpKind {
+    /// The audit event of an administrative operation.
+    pub(crate) fn admin_event(&self) -> Option<&AdminEvent> {
+        match self {
+            OpKind::CreateTenant(_, event)
+            | OpKind::CreateAgent(_, event)
+            | OpKind::CreateToken(_, event)
+            | OpKind::RevokeToken { event, .. }
+            | OpKind::PutPermission(_, event)
+            | OpKind::SetFlag { event, .. }
+            | OpKind::PutPolicySet { event, .. }
+            | OpKind::DeleteCredential { event, .. }
+            | OpKind::ReplaceSealed { event, .. }
+            | OpKind::RecordKeyChange(event) => Some(event),
+            OpKind::PutCredential(credential) => Some(&credential.1),
+            OpKind::CreateRun { .. }
+            | OpKind::RecordCall(_)
+            | OpKind::FinishCall(_)
+            | OpKind::AppendEvents(_)
+            | OpKind::ResolvePending(_)
+            | OpKind::AddPending(_) => None,
+        }
+    }
+}
+
+/// The audit event of an administrative change: which chain it joins, its kind, the acting
+/// token's id and what changed. Built here, for both backends, from the change itself and
+/// only from fields that are not secret: never a credential's value, never a token's secret
+/// or hash.
+#[derive(Clone, Debug)]
+pub(crate) struct AdminEvent {
+    /// The chain id: the tenant's, or the system chain's for changes without a tenant.
+    pub(crate) chain: String,
+    kind: &'static str,
+    payload: Map<String, Value>,
+    at: i64,
+}
+
+impl AdminEvent {
+    fn new(chain: &AuditChain, kind: &'static str, actor: &Actor, details: Value) -> AdminEvent {
+        let mut payload = Map::new();
+        payload.insert("actor".into(), Value::String(actor.token_id.clone()));
+        if let Value::Object(details) = details {
+            payload.extend(details);
+        }
+        AdminEvent {
+            chain: chain.as_str().to_owned(),
+            kind,
+            payload,
+            at: actor.at.0,
+        }
+    }
+
+    pub(crate) fn tenant_created(tenant: &Tenant, actor: &Actor) -> AdminEvent {
+        let chain = AuditChain::Tenant(tenant.id.clone());
+        let details = json!({ "name": tenant.name });
+        AdminEvent::new(&chain, "admin.tenant_created", actor, details)
+    }
+
+    pub(crate) fn agent_created(agent: &Agent, actor: &Actor) -> AdminEvent {
+        let chain = AuditChain::Tenant(agent.tenant.clone());
+        let details = json!({ "agent": agent.id.as_str(), "name": agent.name });
+        AdminEvent::new(&chain, "admin.agent_created", actor, details)
+    }
+
+    pub(crate) fn token_issued(token: &TokenRecord, actor: &Actor) -> AdminEvent {
+        let details = json!({
+            "token_id": token.id,
+            "role": token.role.as_str(),
+            "agent": token.agent.as_ref().map(|agent| agent.as_str()),
+            "label": token.label,
+        });
+        let chain = AuditChain::of(token.tenant.as_ref());
+        AdminEvent::new(&chain, "admin.token_issued", actor, details)
+    }
+
+    pub(crate) fn token_revoked(id: &str, tenant: Option<&TenantId>, actor: &Actor) -> AdminEvent {
+        let chain = AuditChain::of(tenant);
+        AdminEvent::new(
+            &chain,
+            "admin.token_revoked",
+            actor,
+            json!({ "token_id": id }),
+        )
+    }
+
+    pub(crate) fn grant_set(permission: &Permission, actor: &Actor) -> AdminEvent {
+        let details = json!({
+            "tool": permission.tool.as_str(),
+            "agent": permission.agent.as_ref().map(|agent| agent.as_str()),
+            "enabled": permission.enabled,
+        });
+        let chain = AuditChain::Tenant(permission.tenant.clone());
+        AdminEvent::new(&chain, "admin.grant_set", actor, details)
+    }
+
+    pub(crate) fn flag_set(tenant: &TenantId, flag: &str, enabled: bool, actor: &Actor) -> Self {
+        let chain = AuditChain::Tenant(tenant.clone());
+        let details = json!({ "flag": flag, "enabled": enabled });
+        AdminEvent::new(&chain, "admin.flag_set", actor, details)
+    }
+
+    /// The policy text is not copied into the event (it is kept, versioned, in
+    /// `policy_sets`); its SHA-256 ties the event to the exact text.
+    pub(crate) fn policy_set(tenant: &TenantId, text: &str, actor: &Actor) -> AdminEvent {
+        use sha2::Digest as _;
+        let details = json!({
+            "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            "bytes": text.len(),
+        });
+        let chain = AuditChain::Tenant(tenant.clone());
+        AdminEvent::new(&chain, "admin.policy_set", actor, details)
+    }
+
+    /// Names the credential and how it is held; a sealed value's ciphertext is left out, a
+    /// reference (`env:NAME`, `file:/path`: where the value is, not the value) is kept.
+    pub(crate) fn credential_put(credential: &CredentialRecord, actor: &Actor) -> AdminEvent {
+        let details = match credential.kind {
+            CredentialKind::Sealed => json!({
+                "name": credential.name.as_str(),
+                "kind": credential.kind.as_str(),
+                "key_id": credential.key_id,
+            }),
+            CredentialKind::Reference => json!({
+                "name": credential.name.as_str(),
+                "kind": credential.kind.as_str(),
+                "reference": credential.value,
+            }),
+        };
+        let chain = AuditChain::Tenant(credential.tenant.clone());
+        AdminEvent::new(&chain, "admin.credential_put", actor, details)
+    }
+
+    pub(crate) fn credential_deleted(
+        tenant: &TenantId,
+        name: &SecretName,
+        actor: &Actor,
+    ) -> AdminEvent {
+        let chain = AuditChain::Tenant(tenant.clone());
+        let details = json!({ "name": name.as_str() });
+        AdminEvent::new(&chain, "admin.credential_deleted", actor, details)
+    }
+
+    pub(crate) fn credential_rewrapped(
+        tenant: &TenantId,
+        name: &SecretName,
+        key_id: &str,
+        actor: &Actor,
+    ) -> AdminEvent {
+        let chain = AuditChain::Tenant(tenant.clone());
+        let details = json!({ "name": name.as_str(), "key_id": key_id });
+        AdminEvent::new(&chain, "admin.credential_rewrapped", actor, details)
+    }
+
+    pub(crate) fn key_change(change: &KeyChange, actor: &Actor) -> AdminEvent {
+        let (kind, details) = match change {
+            KeyChange::Rotated { key_id, previous } => (
+                "admin.key_rotated",
+                json!({ "key_id": key_id, "previous_key_id": previous }),
+            ),
+            KeyChange::Rewrapped {
+                active_key_id,
+                rewrapped,
+                skipped,
+            } => (
+                "admin.keys_rewrapped",
+                json!({ "key_id": active_key_id, "rewrapped": rewrapped, "skipped": skipped }),
+            ),
+            KeyChange::Retired { key_id } => ("admin.key_retired", json!({ "key_id": key_id })),
+        };
+        AdminEvent::new(&AuditChain::System, kind, actor, details)
+    }
+
+    /// The event as written.
+    pub(crate) fn prepared(&self) -> PreparedEvent {
+        PreparedEvent {
+            tenant: self.chain.clone(),
+            kind: self.kind.to_owned(),
+            run: None,
+            tool_call_id: None,
+            payload: Value::Object(self.payload.clone()).to_string(),
+            at: self.at,
+        }
+    }
+
+    /// The event as written, with one more detail that only the transaction knows.
+    pub(crate) fn prepared_with(&self, key: &str, value: Value) -> PreparedEvent {
+        let mut event = self.clone();
+        event.payload.insert(key.to_owned(), value);
+        event.prepared()
+    }
 }
 
 /// A successful write's answer.

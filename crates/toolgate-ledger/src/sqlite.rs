@@ -36,12 +36,13 @@ use toolgate_core::{
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, AuditEvent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, PendingFilter,
-    PendingInvocation, Permission, PolicySetRecord, RecordOutcome, ResolvePending, RunRecord,
-    Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
+    PendingFilter, PendingInvocation, Permission, PolicySetRecord, RecordOutcome, ResolvePending,
+    RunRecord, SYSTEM_CHAIN, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
 };
 use crate::ops::{
-    Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply, WriteOp,
+    AdminEvent, Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending,
+    Reply, WriteOp,
 };
 use crate::rows::{
     agent_from_row, call_columns, call_from_row, credential_columns, credential_from_row,
@@ -204,8 +205,11 @@ impl SqliteStore {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
-    async fn create_tenant(&self, tenant: Tenant) -> Result<(), LedgerError> {
-        self.submit(OpKind::CreateTenant(tenant)).await?.done()
+    async fn create_tenant(&self, tenant: Tenant, actor: &Actor) -> Result<(), LedgerError> {
+        let event = AdminEvent::tenant_created(&tenant, actor);
+        self.submit(OpKind::CreateTenant(tenant, event))
+            .await?
+            .done()
     }
 
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>, LedgerError> {
@@ -218,15 +222,19 @@ impl Store for SqliteStore {
     }
 
     async fn list_tenants(&self) -> Result<Vec<Tenant>, LedgerError> {
-        let rows = sqlx::query("SELECT id, name, created_at FROM tenants ORDER BY id")
-            .fetch_all(&self.read)
-            .await
-            .map_err(read_error)?;
+        // The system chain's reserved row is not a tenant.
+        let rows =
+            sqlx::query("SELECT id, name, created_at FROM tenants WHERE id <> ? ORDER BY id")
+                .bind(SYSTEM_CHAIN)
+                .fetch_all(&self.read)
+                .await
+                .map_err(read_error)?;
         rows.iter().map(tenant_from_row).collect()
     }
 
-    async fn create_agent(&self, agent: Agent) -> Result<(), LedgerError> {
-        self.submit(OpKind::CreateAgent(agent)).await?.done()
+    async fn create_agent(&self, agent: Agent, actor: &Actor) -> Result<(), LedgerError> {
+        let event = AdminEvent::agent_created(&agent, actor);
+        self.submit(OpKind::CreateAgent(agent, event)).await?.done()
     }
 
     async fn get_agent(
@@ -256,8 +264,9 @@ impl Store for SqliteStore {
         rows.iter().map(agent_from_row).collect()
     }
 
-    async fn create_token(&self, token: TokenRecord) -> Result<(), LedgerError> {
-        self.submit(OpKind::CreateToken(token)).await?.done()
+    async fn create_token(&self, token: TokenRecord, actor: &Actor) -> Result<(), LedgerError> {
+        let event = AdminEvent::token_issued(&token, actor);
+        self.submit(OpKind::CreateToken(token, event)).await?.done()
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, LedgerError> {
@@ -288,14 +297,42 @@ impl Store for SqliteStore {
         rows.iter().map(token_from_row).collect()
     }
 
-    async fn revoke_token(&self, id: &str) -> Result<(), LedgerError> {
-        self.submit(OpKind::RevokeToken(id.to_owned()))
-            .await?
-            .done()
+    async fn revoke_token(&self, id: &str, actor: &Actor) -> Result<(), LedgerError> {
+        // The token's tenant decides the event's chain; it never changes once stored.
+        let tenant: Option<Option<String>> =
+            sqlx::query_scalar("SELECT tenant FROM api_tokens WHERE id = ?")
+                .bind(id.to_owned())
+                .fetch_optional(&self.read)
+                .await
+                .map_err(read_error)?;
+        let Some(tenant) = tenant else {
+            return Err(LedgerError::NotFound(format!("token {id}")));
+        };
+        let tenant = tenant
+            .map(|tenant| {
+                TenantId::new(tenant)
+                    .map_err(|error| LedgerError::Corrupt(format!("column tenant: {error}")))
+            })
+            .transpose()?;
+        let event = AdminEvent::token_revoked(id, tenant.as_ref(), actor);
+        self.submit(OpKind::RevokeToken {
+            id: id.to_owned(),
+            tenant,
+            event,
+        })
+        .await?
+        .done()
     }
 
-    async fn put_permission(&self, permission: Permission) -> Result<(), LedgerError> {
-        self.submit(OpKind::PutPermission(permission)).await?.done()
+    async fn put_permission(
+        &self,
+        permission: Permission,
+        actor: &Actor,
+    ) -> Result<(), LedgerError> {
+        let event = AdminEvent::grant_set(&permission, actor);
+        self.submit(OpKind::PutPermission(permission, event))
+            .await?
+            .done()
     }
 
     async fn list_permissions(
@@ -322,13 +359,14 @@ impl Store for SqliteStore {
         tenant: &TenantId,
         flag: &str,
         enabled: bool,
-        at: Timestamp,
+        actor: &Actor,
     ) -> Result<(), LedgerError> {
         self.submit(OpKind::SetFlag {
             tenant: tenant.clone(),
             flag: flag.to_owned(),
             enabled,
-            at,
+            at: actor.at,
+            event: AdminEvent::flag_set(tenant, flag, enabled, actor),
         })
         .await?
         .done()
@@ -349,14 +387,14 @@ impl Store for SqliteStore {
         &self,
         tenant: &TenantId,
         text: &str,
-        created_by: &str,
-        at: Timestamp,
+        actor: &Actor,
     ) -> Result<i64, LedgerError> {
         self.submit(OpKind::PutPolicySet {
             tenant: tenant.clone(),
             text: text.to_owned(),
-            created_by: created_by.to_owned(),
-            at,
+            created_by: actor.token_id.clone(),
+            at: actor.at,
+            event: AdminEvent::policy_set(tenant, text, actor),
         })
         .await?
         .version()
@@ -516,8 +554,13 @@ impl Store for SqliteStore {
         .done()
     }
 
-    async fn put_credential(&self, credential: CredentialRecord) -> Result<(), LedgerError> {
-        self.submit(OpKind::PutCredential(Box::new(credential)))
+    async fn put_credential(
+        &self,
+        credential: CredentialRecord,
+        actor: &Actor,
+    ) -> Result<(), LedgerError> {
+        let event = AdminEvent::credential_put(&credential, actor);
+        self.submit(OpKind::PutCredential(Box::new((credential, event))))
             .await?
             .done()
     }
@@ -560,10 +603,12 @@ impl Store for SqliteStore {
         &self,
         tenant: &TenantId,
         name: &SecretName,
+        actor: &Actor,
     ) -> Result<(), LedgerError> {
         self.submit(OpKind::DeleteCredential {
             tenant: tenant.clone(),
             name: name.clone(),
+            event: AdminEvent::credential_deleted(tenant, name, actor),
         })
         .await?
         .done()
@@ -609,7 +654,7 @@ impl Store for SqliteStore {
         expected: &str,
         value: &str,
         key_id: &str,
-        at: Timestamp,
+        actor: &Actor,
     ) -> Result<bool, LedgerError> {
         self.submit(OpKind::ReplaceSealed {
             tenant: tenant.clone(),
@@ -617,10 +662,16 @@ impl Store for SqliteStore {
             expected: expected.to_owned(),
             value: value.to_owned(),
             key_id: key_id.to_owned(),
-            at,
+            at: actor.at,
+            event: AdminEvent::credential_rewrapped(tenant, name, key_id, actor),
         })
         .await?
         .finished()
+    }
+
+    async fn record_key_change(&self, change: KeyChange, actor: &Actor) -> Result<(), LedgerError> {
+        let event = AdminEvent::key_change(&change, actor);
+        self.submit(OpKind::RecordKeyChange(event)).await?.done()
     }
 
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {

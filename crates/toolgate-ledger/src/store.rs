@@ -7,27 +7,35 @@ use toolgate_core::{
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, AuditEvent, CredentialRecord, FinishCall, NewAuditEvent, NewCall, Permission,
-    PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
+    Permission, PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    VerifyReport,
 };
 use crate::model::{PendingFilter, PendingInvocation, ResolvePending};
 
 /// Durable state of the gateway. Every write is committed (fsync'd) before the call returns;
 /// implementations may batch concurrent writes into one transaction (group commit) but never
 /// acknowledge a write before it is durable.
+///
+/// Every administrative change takes an [`Actor`] and commits together with its `admin.*`
+/// audit event (the acting token's id and what changed, never secret material), in the same
+/// transaction: on the tenant's chain when the change concerns a tenant, else on the system
+/// chain ([`crate::SYSTEM_CHAIN`]). A refused change writes no event.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // --- tenants, agents, tokens -------------------------------------------------------
 
-    /// Creates a tenant. `LedgerError::AlreadyExists` when the id is taken.
-    async fn create_tenant(&self, tenant: Tenant) -> Result<(), LedgerError>;
+    /// Creates a tenant (event `admin.tenant_created`, the first of its chain).
+    /// `LedgerError::AlreadyExists` when the id is taken.
+    async fn create_tenant(&self, tenant: Tenant, actor: &Actor) -> Result<(), LedgerError>;
     /// One tenant.
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>, LedgerError>;
     /// Every tenant, by id.
     async fn list_tenants(&self) -> Result<Vec<Tenant>, LedgerError>;
 
-    /// Creates an agent. `NotFound` when the tenant does not exist, `AlreadyExists` when taken.
-    async fn create_agent(&self, agent: Agent) -> Result<(), LedgerError>;
+    /// Creates an agent (`admin.agent_created`). `NotFound` when the tenant does not exist,
+    /// `AlreadyExists` when taken.
+    async fn create_agent(&self, agent: Agent, actor: &Actor) -> Result<(), LedgerError>;
     /// One agent.
     async fn get_agent(
         &self,
@@ -37,20 +45,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// A tenant's agents, by id.
     async fn list_agents(&self, tenant: &TenantId) -> Result<Vec<Agent>, LedgerError>;
 
-    /// Stores a token (hashed). `NotFound` when its tenant or agent does not exist.
-    async fn create_token(&self, token: TokenRecord) -> Result<(), LedgerError>;
+    /// Stores a token (hashed; `admin.token_issued`, on the system chain for admin tokens).
+    /// `NotFound` when its tenant or agent does not exist.
+    async fn create_token(&self, token: TokenRecord, actor: &Actor) -> Result<(), LedgerError>;
     /// The token whose hash is `hash`, revoked or not.
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, LedgerError>;
     /// Tokens of a tenant (`None`: admin tokens), never their secrets.
     async fn list_tokens(&self, tenant: Option<&TenantId>)
     -> Result<Vec<TokenRecord>, LedgerError>;
-    /// Revokes a token by id. `NotFound` when there is none.
-    async fn revoke_token(&self, id: &str) -> Result<(), LedgerError>;
+    /// Revokes a token by id (`admin.token_revoked`, on the token's tenant's chain or the
+    /// system chain). `NotFound` when there is none.
+    async fn revoke_token(&self, id: &str, actor: &Actor) -> Result<(), LedgerError>;
 
     // --- configuration -----------------------------------------------------------------
 
-    /// Creates or updates a grant. `NotFound` when the tenant or agent does not exist.
-    async fn put_permission(&self, permission: Permission) -> Result<(), LedgerError>;
+    /// Creates or updates a grant (`admin.grant_set`). `NotFound` when the tenant or agent
+    /// does not exist.
+    async fn put_permission(
+        &self,
+        permission: Permission,
+        actor: &Actor,
+    ) -> Result<(), LedgerError>;
     /// A tenant's grants: tenant-wide ones and, with `agent`, that agent's too.
     async fn list_permissions(
         &self,
@@ -58,25 +73,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         agent: Option<&AgentId>,
     ) -> Result<Vec<Permission>, LedgerError>;
 
-    /// Sets a feature flag. `NotFound` when the tenant does not exist.
+    /// Sets a feature flag at `actor.at` (`admin.flag_set`). `NotFound` when the tenant does
+    /// not exist.
     async fn set_flag(
         &self,
         tenant: &TenantId,
         flag: &str,
         enabled: bool,
-        at: Timestamp,
+        actor: &Actor,
     ) -> Result<(), LedgerError>;
     /// A feature flag; `None` when never set (callers apply the default).
     async fn get_flag(&self, tenant: &TenantId, flag: &str) -> Result<Option<bool>, LedgerError>;
 
-    /// Stores a new version of a tenant's policy set and returns its version number (1, 2, ...).
-    /// The caller has already validated the text.
+    /// Stores a new version of a tenant's policy set, created by the actor at `actor.at`, and
+    /// returns its version number (1, 2, ...; `admin.policy_set` with the version and the
+    /// text's SHA-256). The caller has already validated the text.
     async fn put_policy_set(
         &self,
         tenant: &TenantId,
         text: &str,
-        created_by: &str,
-        at: Timestamp,
+        actor: &Actor,
     ) -> Result<i64, LedgerError>;
     /// The newest policy set of a tenant.
     async fn current_policy_set(
@@ -165,9 +181,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     // --- credentials -------------------------------------------------------------------
 
-    /// Creates or replaces a tenant's credential (keeping its `created_at`). `NotFound` when
-    /// the tenant does not exist.
-    async fn put_credential(&self, credential: CredentialRecord) -> Result<(), LedgerError>;
+    /// Creates or replaces a tenant's credential, keeping its `created_at`
+    /// (`admin.credential_put`, naming the key or the reference, never the value). `NotFound`
+    /// when the tenant does not exist.
+    async fn put_credential(
+        &self,
+        credential: CredentialRecord,
+        actor: &Actor,
+    ) -> Result<(), LedgerError>;
     /// One credential of a tenant.
     async fn get_credential(
         &self,
@@ -179,11 +200,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &self,
         tenant: &TenantId,
     ) -> Result<Vec<CredentialRecord>, LedgerError>;
-    /// Deletes a credential. `NotFound` when there is none.
+    /// Deletes a credential (`admin.credential_deleted`). `NotFound` when there is none.
     async fn delete_credential(
         &self,
         tenant: &TenantId,
         name: &SecretName,
+        actor: &Actor,
     ) -> Result<(), LedgerError>;
     /// Sealed credentials of every tenant whose key is not `key_id`, at most `limit`.
     async fn list_sealed_not_under(
@@ -194,7 +216,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// How many sealed credentials each master key protects.
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError>;
     /// Replaces a sealed value only if it is still `expected` (a concurrent update wins).
-    /// Returns whether it was replaced.
+    /// Returns whether it was replaced; only then is `admin.credential_rewrapped` written.
     async fn replace_sealed(
         &self,
         tenant: &TenantId,
@@ -202,12 +224,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         expected: &str,
         value: &str,
         key_id: &str,
-        at: Timestamp,
+        actor: &Actor,
     ) -> Result<bool, LedgerError>;
+    /// Records a change of the master key ring, which lives outside the ledger, on the system
+    /// chain (`admin.key_rotated`, `admin.keys_rewrapped`, `admin.key_retired`).
+    async fn record_key_change(&self, change: KeyChange, actor: &Actor) -> Result<(), LedgerError>;
 
     // --- audit -------------------------------------------------------------------------
 
-    /// Appends audit events outside a call (e.g. rejected requests, admin changes).
+    /// Appends audit events outside a call (e.g. rejected requests). Administrative changes
+    /// write their own events, with the change.
     async fn append_events(&self, events: Vec<NewAuditEvent>) -> Result<(), LedgerError>;
     /// A tenant's audit events with `chain_seq > after`, in chain order.
     async fn list_events(
@@ -224,7 +250,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, LedgerError>;
-    /// Checks every tenant's chain and reports the first event edited, deleted or reordered.
+    /// Checks every chain (each tenant's and the system chain) and reports the first event
+    /// edited, deleted or reordered.
     async fn verify_chains(&self) -> Result<VerifyReport, LedgerError>;
 
     /// Tools some grant names, for checking grants against the registry.

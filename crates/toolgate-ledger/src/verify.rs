@@ -20,19 +20,20 @@
 //!    events were added or replaced outside the ledger (`Edited`). Events without a head record
 //!    are `Deleted` (the head row, and with it the proof of the chain's length, is gone).
 //!
-//! The report names the first problem of the first broken chain in tenant id order; counts
-//! cover every event of every chain.
+//! The report names the first problem of the first broken chain in chain id order; counts
+//! cover every event of every chain. The chains are the tenants' and the system chain
+//! (`SYSTEM_CHAIN`, administrative changes that belong to no tenant), verified alike; a chain
+//! with neither events nor a head past position 0 (PostgreSQL creates heads with their
+//! tenant) is empty and not counted.
 
 use std::collections::HashMap;
 
-use sqlx::postgres::PgConnection;
-use sqlx::sqlite::SqliteConnection;
-use toolgate_core::TenantId;
-
 use crate::chain::{GENESIS_HASH, event_hash};
 use crate::error::LedgerError;
-use crate::model::{ChainProblem, ChainProblemKind, VerifyReport};
+use crate::model::{AuditChain, ChainProblem, ChainProblemKind, VerifyReport};
 use crate::rows::{SqlRow, read_error};
+use sqlx::postgres::PgConnection;
+use sqlx::sqlite::SqliteConnection;
 
 /// What verification reads, on one connection of either backend. Each chain is read between
 /// `begin_snapshot` and `end_snapshot`, so concurrent appends cannot look like damage.
@@ -56,7 +57,8 @@ macro_rules! chain_reader {
         impl ChainReader for $conn {
             async fn tenants(&mut self) -> Result<Vec<String>, LedgerError> {
                 sqlx::query_scalar(
-                    "SELECT tenant FROM audit_heads UNION SELECT tenant FROM audit_events ORDER BY 1",
+                    "SELECT tenant FROM audit_heads WHERE chain_seq > 0 \
+                     UNION SELECT tenant FROM audit_events ORDER BY 1",
                 )
                 .fetch_all(&mut *self)
                 .await
@@ -64,12 +66,18 @@ macro_rules! chain_reader {
             }
 
             async fn begin_snapshot(&mut self) -> Result<(), LedgerError> {
-                sqlx::query($begin).execute(&mut *self).await.map_err(read_error)?;
+                sqlx::query($begin)
+                    .execute(&mut *self)
+                    .await
+                    .map_err(read_error)?;
                 Ok(())
             }
 
             async fn end_snapshot(&mut self) -> Result<(), LedgerError> {
-                sqlx::query("ROLLBACK").execute(&mut *self).await.map_err(read_error)?;
+                sqlx::query("ROLLBACK")
+                    .execute(&mut *self)
+                    .await
+                    .map_err(read_error)?;
                 Ok(())
             }
 
@@ -192,10 +200,10 @@ async fn verify_chain(
     conn: &mut impl ChainReader,
     tenant: &str,
 ) -> Result<(u64, Option<ChainProblem>), LedgerError> {
-    let tenant_id = TenantId::new(tenant)
-        .map_err(|error| LedgerError::Corrupt(format!("audit chain tenant: {error}")))?;
+    let chain = AuditChain::parse(tenant)
+        .map_err(|error| LedgerError::Corrupt(format!("audit chain id: {error}")))?;
     let problem = |chain_seq: i64, kind: ChainProblemKind, detail: String| ChainProblem {
-        tenant: tenant_id.clone(),
+        chain: chain.clone(),
         chain_seq,
         kind,
         detail,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use tokio::sync::Mutex;
 use toolgate_core::{Clock, SecretName, TenantId};
-use toolgate_ledger::{CredentialKind, CredentialRecord, LedgerError, Store};
+use toolgate_ledger::{Actor, CredentialKind, CredentialRecord, KeyChange, LedgerError, Store};
 use toolgate_secrets::{
     CredentialRepository, KeyId, KeyRing, Reference, SecretsError, StoredCredential, StoredKind,
     Vault,
@@ -115,11 +115,12 @@ impl KeyManager {
         &self.vault
     }
 
-    /// Seals and stores a credential value.
+    /// Seals and stores a credential value (audited with `actor`).
     pub(crate) async fn put_sealed(
         &self,
         mut record: CredentialRecord,
         plaintext: &str,
+        actor: &Actor,
     ) -> Result<CredentialRecord, LedgerError> {
         // Sealing and storing happen under the lock, so a rewrap cannot miss this credential.
         let _guard = self.lock.lock().await;
@@ -130,51 +131,87 @@ impl KeyManager {
         record.kind = CredentialKind::Sealed;
         record.value = sealed.ciphertext;
         record.key_id = Some(sealed.key_id.to_string());
-        self.store.put_credential(record.clone()).await?;
+        self.store.put_credential(record.clone(), actor).await?;
         self.vault.invalidate(&record.tenant, &record.name);
         Ok(record)
     }
 
-    /// Stores a reference credential.
-    pub(crate) async fn put_reference(&self, record: CredentialRecord) -> Result<(), LedgerError> {
-        self.store.put_credential(record.clone()).await?;
+    /// Stores a reference credential (audited with `actor`).
+    pub(crate) async fn put_reference(
+        &self,
+        record: CredentialRecord,
+        actor: &Actor,
+    ) -> Result<(), LedgerError> {
+        self.store.put_credential(record.clone(), actor).await?;
         self.vault.invalidate(&record.tenant, &record.name);
         Ok(())
     }
 
-    /// Deletes a credential.
+    /// Deletes a credential (audited with `actor`).
     pub(crate) async fn delete(
         &self,
         tenant: &TenantId,
         name: &SecretName,
+        actor: &Actor,
     ) -> Result<(), LedgerError> {
-        self.store.delete_credential(tenant, name).await?;
+        self.store.delete_credential(tenant, name, actor).await?;
         self.vault.invalidate(tenant, name);
         Ok(())
     }
 
-    /// Adds a fresh key and makes it active; the file is rewritten atomically first.
-    pub(crate) async fn rotate(&self) -> anyhow::Result<Arc<KeyRing>> {
+    /// Adds a fresh key and makes it active; the file is rewritten atomically first, then the
+    /// change is recorded on the system audit chain (see [`KeyManager::record`]).
+    pub(crate) async fn rotate(&self, actor: &Actor) -> anyhow::Result<Arc<KeyRing>> {
         let _guard = self.lock.lock().await;
         let path = self.writable_file()?;
         let ring = self.vault.key_ring();
         let id = next_key_id(&ring);
         let key = KeyRing::generate_key();
         let rotated = ring.rotated(id.clone(), &key)?;
-        let mut text = std::fs::read_to_string(path)
+        let original = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        let mut text = original.clone();
         if !text.ends_with('\n') {
             text.push('\n');
         }
         text.push_str(&format!("{id}={}\n", *key));
         replace_file(path, &text)?;
+        let change = KeyChange::Rotated {
+            key_id: id.to_string(),
+            previous: ring.active().to_string(),
+        };
+        self.record(path, &original, change, actor).await?;
         self.vault.set_key_ring(rotated);
         Ok(self.vault.key_ring())
     }
 
+    /// Records a key file change on the system audit chain. The file and the ledger cannot
+    /// commit together, so the file is changed first and put back when the event cannot be
+    /// committed: the ring in use changes only once both are done (callers hold the lock, so
+    /// nothing was sealed with a key that is being put back). Only a crash between the two
+    /// writes can leave the file changed without its event.
+    async fn record(
+        &self,
+        path: &Path,
+        original: &str,
+        change: KeyChange,
+        actor: &Actor,
+    ) -> anyhow::Result<()> {
+        let Err(error) = self.store.record_key_change(change, actor).await else {
+            return Ok(());
+        };
+        replace_file(path, original).context(
+            "the key change could not be audited and the key file could not be put back",
+        )?;
+        Err(anyhow::Error::new(error)
+            .context("the key change could not be audited, so it was undone"))
+    }
+
     /// Re-seals every credential not under the active key. Calls go on meanwhile: each
     /// credential is replaced only if unchanged since it was read.
-    pub(crate) async fn rewrap(&self) -> anyhow::Result<(u64, u64)> {
+    /// Each re-sealed credential gets its own event on its tenant's chain, and the whole run
+    /// one on the system chain.
+    pub(crate) async fn rewrap(&self, actor: &Actor) -> anyhow::Result<(u64, u64)> {
         let _guard = self.lock.lock().await;
         let ring = self.vault.key_ring();
         let active = ring.active().to_string();
@@ -202,7 +239,7 @@ impl KeyManager {
                         &record.value,
                         &new.ciphertext,
                         new.key_id.as_str(),
-                        self.clock.now(),
+                        &Actor::token(actor.token_id.clone(), self.clock.now()),
                     )
                     .await?;
                 if replaced {
@@ -217,11 +254,19 @@ impl KeyManager {
                 break;
             }
         }
+        let change = KeyChange::Rewrapped {
+            active_key_id: active,
+            rewrapped,
+            skipped,
+        };
+        let actor = Actor::token(actor.token_id.clone(), self.clock.now());
+        self.store.record_key_change(change, &actor).await?;
         Ok((rewrapped, skipped))
     }
 
     /// Removes a key; refused while a credential is sealed with it, or for the active key.
-    pub(crate) async fn retire(&self, id: &str) -> anyhow::Result<Arc<KeyRing>> {
+    /// Recorded on the system audit chain like a rotation.
+    pub(crate) async fn retire(&self, id: &str, actor: &Actor) -> anyhow::Result<Arc<KeyRing>> {
         let _guard = self.lock.lock().await;
         let path = self.writable_file()?;
         let key_id = KeyId::new(id)?;
@@ -248,6 +293,10 @@ impl KeyManager {
             .map(|line| format!("{line}\n"))
             .collect();
         replace_file(path, &kept)?;
+        let change = KeyChange::Retired {
+            key_id: id.to_owned(),
+        };
+        self.record(path, &text, change, actor).await?;
         self.vault.set_key_ring(retired);
         Ok(self.vault.key_ring())
     }

@@ -233,7 +233,9 @@ async fn bootstrap_admin_token(
     let issued = issue_token(Role::Admin, None, None, "bootstrap".to_owned(), clock.now());
     write_private_file(path, &format!("{}\n", issued.secret))
         .with_context(|| format!("cannot write the admin token to {}", path.display()))?;
-    store.create_token(issued.record).await?;
+    // No admin exists yet to act: the gateway itself is the actor of this one change.
+    let actor = toolgate_ledger::Actor::gateway(clock.now());
+    store.create_token(issued.record, &actor).await?;
     announce(&format!(
         "created the first admin token in {} (readable only by you); `toolgate admin` reads it from there",
         path.display()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use toolgate_core::{AgentId, Clock, RunId, SecretName, TenantId, ToolCallId, ToolName};
 use toolgate_engine::{CreateRun, Engine, ExecuteRequest};
-use toolgate_ledger::{Agent, CredentialKind, CredentialRecord, Permission, Role, Tenant};
+use toolgate_ledger::{Actor, Agent, CredentialKind, CredentialRecord, Permission, Role, Tenant};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_server::AdminService;
 use toolgate_proto::v1::agent_service_server::AgentService;
@@ -344,7 +344,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::CreateTenantRequest>,
     ) -> Result<Response<pb::Tenant>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let id = tenant_id(&body.tenant_id)?;
         let name = if body.name.trim().is_empty() {
@@ -360,7 +360,7 @@ impl AdminService for AdminApi {
         self.0
             .engine
             .store()
-            .create_tenant(tenant.clone())
+            .create_tenant(tenant.clone(), &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(convert::tenant(&tenant)))
@@ -387,7 +387,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::CreateAgentRequest>,
     ) -> Result<Response<pb::Agent>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let agent = Agent {
             tenant: tenant_id(&body.tenant_id)?,
@@ -398,7 +398,7 @@ impl AdminService for AdminApi {
         self.0
             .engine
             .store()
-            .create_agent(agent.clone())
+            .create_agent(agent.clone(), &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(convert::agent(&agent)))
@@ -426,7 +426,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let role = Role::parse(&body.role).ok_or_else(|| {
             Status::invalid_argument(format!(
@@ -460,7 +460,7 @@ impl AdminService for AdminApi {
         self.0
             .engine
             .store()
-            .create_token(issued.record.clone())
+            .create_token(issued.record.clone(), &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(pb::CreateTokenResponse {
@@ -494,7 +494,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let id = request.into_inner().token_id;
         if id.is_empty() {
             return Err(Status::invalid_argument("token_id: required"));
@@ -502,7 +502,7 @@ impl AdminService for AdminApi {
         self.0
             .engine
             .store()
-            .revoke_token(&id)
+            .revoke_token(&id, &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         self.0.auth.forget_token(&id);
@@ -513,7 +513,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::SetPermissionRequest>,
     ) -> Result<Response<pb::Permission>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let tool = parse_id("tool_name", &body.tool_name, ToolName::new)?;
         if !self.0.engine.catalog().registry().contains(&tool) {
@@ -540,7 +540,7 @@ impl AdminService for AdminApi {
         self.0
             .engine
             .store()
-            .put_permission(permission.clone())
+            .put_permission(permission.clone(), &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(permission_pb(&permission)))
@@ -570,13 +570,13 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::SetFeatureFlagRequest>,
     ) -> Result<Response<pb::FeatureFlag>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         check_flag_name(&body.flag)?;
         self.0
             .engine
-            .set_flag(&tenant, &body.flag, body.enabled)
+            .set_flag(&tenant, &body.flag, body.enabled, &caller.token_id)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::FeatureFlag {
@@ -711,7 +711,7 @@ impl AdminService for AdminApi {
         let stored = self
             .0
             .keys
-            .put_sealed(record, &body.value)
+            .put_sealed(record, &body.value, &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(secret_info(&stored)))
@@ -737,7 +737,7 @@ impl AdminService for AdminApi {
         record.key_id = None;
         self.0
             .keys
-            .put_reference(record.clone())
+            .put_reference(record.clone(), &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(secret_info(&record)))
@@ -765,13 +765,13 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::DeleteSecretRequest>,
     ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         let name = parse_id("name", &body.name, SecretName::new)?;
         self.0
             .keys
-            .delete(&tenant, &name)
+            .delete(&tenant, &name, &self.actor(&caller))
             .await
             .map_err(ledger_status)?;
         Ok(Response::new(pb::DeleteSecretResponse {}))
@@ -781,11 +781,11 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RotateKeyRequest>,
     ) -> Result<Response<pb::KeyRingInfo>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let ring = self
             .0
             .keys
-            .rotate()
+            .rotate(&self.actor(&caller))
             .await
             .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
         Ok(Response::new(key_ring_info(&ring)))
@@ -795,11 +795,11 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RewrapSecretsRequest>,
     ) -> Result<Response<pb::RewrapSecretsResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let (rewrapped, skipped) = self
             .0
             .keys
-            .rewrap()
+            .rewrap(&self.actor(&caller))
             .await
             .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
         Ok(Response::new(pb::RewrapSecretsResponse {
@@ -813,12 +813,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RetireKeyRequest>,
     ) -> Result<Response<pb::KeyRingInfo>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
+        let caller = self.0.auth.require(&request, Role::Admin).await?;
         let id = request.into_inner().key_id;
         let ring = self
             .0
             .keys
-            .retire(&id)
+            .retire(&id, &self.actor(&caller))
             .await
             .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
         Ok(Response::new(key_ring_info(&ring)))
@@ -826,6 +826,12 @@ impl AdminService for AdminApi {
 }
 
 impl AdminApi {
+    /// The calling admin token as the actor of a change made now: the ledger records it (its
+    /// id, never the token) in the change's audit event.
+    fn actor(&self, caller: &Caller) -> Actor {
+        Actor::token(caller.token_id.clone(), self.0.clock.now())
+    }
+
     /// A credential record from request fields (value and kind filled in by the caller).
     fn credential(
         &self,
@@ -895,7 +901,7 @@ pub(crate) fn verify_response(report: &toolgate_ledger::VerifyReport) -> pb::Ver
         ok: problem.is_none(),
         events_checked: report.events_checked,
         chains_checked: report.chains_checked,
-        problem_tenant_id: problem.map(|p| p.tenant.to_string()).unwrap_or_default(),
+        problem_tenant_id: problem.map(|p| p.chain.to_string()).unwrap_or_default(),
         problem_chain_seq: problem.map_or(0, |p| p.chain_seq),
         problem_kind: problem
             .map(|p| p.kind.as_str().to_owned())

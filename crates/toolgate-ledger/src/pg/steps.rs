@@ -1,7 +1,9 @@
 //! Write operations on PostgreSQL, one statement at a time, inside the savepoint `op` the
 //! writer opens for each. A failed statement aborts the transaction up to that savepoint, so
 //! an operation that must look around after a refusal (which parent is missing) first rolls
-//! back to it; the writer rolls back again on any failure, which is harmless.
+//! back to it; the writer rolls back again on any failure, which is harmless. An administrative
+//! operation writes its change, then its audit event, in that same savepoint: they commit
+//! together, and a refused change writes no event.
 
 use std::collections::HashMap;
 
@@ -84,27 +86,68 @@ pub(super) struct Steps<'w> {
 impl Steps<'_> {
     pub(super) async fn apply(&mut self, op: &OpKind) -> Result<Reply, Fail> {
         match op {
-            OpKind::CreateTenant(tenant) => self.create_tenant(tenant).await,
-            OpKind::CreateAgent(agent) => self.create_agent(agent).await,
-            OpKind::CreateToken(token) => self.create_token(token).await,
-            OpKind::RevokeToken(id) => {
+            OpKind::CreateTenant(tenant, event) => {
+                self.create_tenant(tenant).await?;
+                // This transaction created the chain's head row, so it holds it: the new
+                // chain starts here, and later operations of the batch may append to it.
+                let chain = tenant.id.as_str();
+                self.heads.insert(
+                    chain.to_owned(),
+                    Head {
+                        chain_seq: 0,
+                        hash: GENESIS_HASH.to_owned(),
+                    },
+                );
+                if let Err(fail) = self.append(&event.prepared()).await {
+                    // Rolled back with the tenant: its head no longer exists.
+                    self.undo.retain(|(moved, _)| moved != chain);
+                    self.heads.remove(chain);
+                    return Err(fail);
+                }
+                Ok(Reply::Done)
+            }
+            OpKind::CreateAgent(agent, event) => {
+                self.create_agent(agent).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::CreateToken(token, event) => {
+                self.create_token(token).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::RevokeToken { id, tenant, event } => {
+                // `tenant` is the one the token was read with (NULL for admin tokens).
+                let update = sqlx::query(
+                    "UPDATE api_tokens SET revoked = TRUE                      WHERE id = $1 AND tenant IS NOT DISTINCT FROM $2",
+                )
+                .bind(id)
+                .bind(tenant.as_ref().map(|tenant| tenant.as_str()));
                 let changed = self
-                    .write(
-                        sqlx::query("UPDATE api_tokens SET revoked = TRUE WHERE id = $1").bind(id),
-                    )
+                    .write(update)
                     .await
                     .map_err(|error| unexpected(&error))?;
                 if changed == 0 {
                     return Err(Fail::Op(LedgerError::NotFound(format!("token {id}"))));
                 }
+                self.append(&event.prepared()).await?;
                 Ok(Reply::Done)
             }
-            OpKind::PutPermission(permission) => self.put_permission(permission).await,
+            OpKind::PutPermission(permission, event) => {
+                self.put_permission(permission).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::RecordKeyChange(event) => {
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
             OpKind::SetFlag {
                 tenant,
                 flag,
                 enabled,
                 at,
+                event,
             } => {
                 let upsert = sqlx::query(
                     "INSERT INTO feature_flags (tenant, flag, enabled, updated_at) \
@@ -122,6 +165,7 @@ impl Steps<'_> {
                         || LedgerError::NotFound(format!("tenant {tenant}")),
                     )
                 })?;
+                self.append(&event.prepared()).await?;
                 Ok(Reply::Done)
             }
             OpKind::PutPolicySet {
@@ -129,6 +173,7 @@ impl Steps<'_> {
                 text,
                 created_by,
                 at,
+                event,
             } => {
                 // Versions are numbered per tenant; replicas take turns through the tenant row
                 // (a lock that does not block rows referencing the tenant).
@@ -158,6 +203,8 @@ impl Steps<'_> {
                     )
                 })?;
                 let version: i64 = row.try_get("version").map_err(read_failure)?;
+                self.append(&event.prepared_with("version", version.into()))
+                    .await?;
                 Ok(Reply::Version(version))
             }
             OpKind::CreateRun { run, manifest } => self.create_run(run, manifest).await,
@@ -172,7 +219,12 @@ impl Steps<'_> {
                 }
                 Ok(Reply::Done)
             }
-            OpKind::PutCredential(credential) => self.put_credential(credential).await,
+            OpKind::PutCredential(credential) => {
+                let (credential, event) = credential.as_ref();
+                self.put_credential(credential).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
             OpKind::ResolvePending(resolution) => {
                 let (resolution, events) = resolution.as_ref();
                 self.resolve_pending(resolution, events)
@@ -183,7 +235,11 @@ impl Steps<'_> {
                 let (pending, events) = pending.as_ref();
                 self.add_pending(pending, events).await
             }
-            OpKind::DeleteCredential { tenant, name } => {
+            OpKind::DeleteCredential {
+                tenant,
+                name,
+                event,
+            } => {
                 let delete =
                     sqlx::query("DELETE FROM tenant_tool_secrets WHERE tenant = $1 AND name = $2")
                         .bind(tenant.as_str())
@@ -197,6 +253,7 @@ impl Steps<'_> {
                         "secret {name} of tenant {tenant}"
                     ))));
                 }
+                self.append(&event.prepared()).await?;
                 Ok(Reply::Done)
             }
             OpKind::ReplaceSealed {
@@ -206,6 +263,7 @@ impl Steps<'_> {
                 value,
                 key_id,
                 at,
+                event,
             } => {
                 let update = sqlx::query(
                     "UPDATE tenant_tool_secrets SET value = $1, key_id = $2, updated_at = $3 \
@@ -221,6 +279,9 @@ impl Steps<'_> {
                     .write(update)
                     .await
                     .map_err(|error| unexpected(&error))?;
+                if changed == 1 {
+                    self.append(&event.prepared()).await?;
+                }
                 Ok(Reply::Finished(changed == 1))
             }
         }

@@ -105,7 +105,7 @@ async fn one_batch(db: &Db, writes: Vec<Write>) -> (Vec<Answer>, WriterStats) {
 async fn a_batch_of_hot_writes_is_one_statement() {
     let db = seeded(Backend::Pg, 100).await;
     let store = db.store();
-    store.create_tenant(tenant("beta")).await.unwrap();
+    store.create_tenant(tenant("beta"), &admin()).await.unwrap();
     for id in ["old-1", "old-2"] {
         store
             .record_call(new_call("acme", "run-1", id, None))
@@ -164,12 +164,12 @@ async fn a_batch_of_hot_writes_is_one_statement() {
     assert_eq!(decision.policy_decision_id.as_deref(), Some("dec-call-3"));
     let waiting = store.get_pending(&acme, "pend-call-w").await.unwrap();
     assert_eq!(waiting.map(|p| p.state), Some(PendingState::Pending));
-    // 3 before (2 requested, 1 succeeded) and the plug; then 4 requested, 2 for the waiting
-    // call, 1 for the finish, in the order queued.
+    // 2 from the setup (tenant and agent created), 3 before (2 requested, 1 succeeded) and
+    // the plug; then 4 requested, 2 for the waiting call, 1 for the finish, in the order queued.
     let kinds: Vec<String> = events_of(store, "acme")
         .await
         .into_iter()
-        .skip(4)
+        .skip(6)
         .map(|e| e.kind)
         .collect();
     assert_eq!(
@@ -184,9 +184,10 @@ async fn a_batch_of_hot_writes_is_one_statement() {
             "tool_call.succeeded",
         ]
     );
-    assert_eq!(events_of(store, "beta").await.len(), 2);
+    // Beta's creation and the two notes.
+    assert_eq!(events_of(store, "beta").await.len(), 3);
     let report = store.verify_chains().await.unwrap();
-    assert_eq!((report.events_checked, report.first_problem), (13, None));
+    assert_eq!((report.events_checked, report.first_problem), (16, None));
 
     // The chain heads moved with the batch: a later append continues both chains.
     store
@@ -269,8 +270,9 @@ async fn a_refused_bulk_write_falls_back_to_one_by_one() {
     );
     let report = store.verify_chains().await.unwrap();
     assert_eq!(report.first_problem, None);
-    // 1 before and the plug; 3 requested, requested + blocked for call 4, succeeded for old-1.
-    assert_eq!(report.events_checked, 8);
+    // 2 from the setup, 1 before and the plug; 3 requested, requested + blocked for call 4,
+    // succeeded for old-1.
+    assert_eq!(report.events_checked, 10);
 }
 
 /// A batch of good calls, finishes and appends with one repeated `tool_use_id`: the repeat gets
@@ -336,8 +338,8 @@ async fn a_repeated_tool_use_id_in_a_batch_is_answered_alone() {
         .unwrap();
     assert_eq!(run_now.calls_used, 5);
     let report = store.verify_chains().await.unwrap();
-    // 1 before and the plug; 4 requested, 1 succeeded, 1 note.
-    assert_eq!((report.events_checked, report.first_problem), (8, None));
+    // 2 from the setup, 1 before and the plug; 4 requested, 1 succeeded, 1 note.
+    assert_eq!((report.events_checked, report.first_problem), (10, None));
 }
 
 /// A batch in which one call finds the budget used up: that call is blocked, the others are
@@ -376,10 +378,11 @@ async fn a_call_over_budget_in_a_batch_is_answered_alone() {
         .unwrap()
         .unwrap();
     assert_eq!(run_now.calls_used, 3);
+    // After the setup's 2 events (tenant and agent created) and the plug.
     let kinds: Vec<String> = events_of(store, "acme")
         .await
         .into_iter()
-        .skip(1)
+        .skip(3)
         .map(|e| e.kind)
         .collect();
     assert_eq!(
@@ -445,7 +448,8 @@ async fn concurrent_calls_and_finishes_share_commits() {
             .all(|call| call.status == ToolCallStatus::Succeeded)
     );
     let report = store.verify_chains().await.unwrap();
-    assert_eq!((report.events_checked, report.first_problem), (300, None));
+    // The setup's 2 events, then 2 for each call.
+    assert_eq!((report.events_checked, report.first_problem), (302, None));
 }
 
 // --- triggers and tampering --------------------------------------------------------------------
@@ -470,7 +474,7 @@ async fn audit_events_are_append_only() {
         );
     }
     let report = db.store().verify_chains().await.unwrap();
-    assert_eq!((report.events_checked, report.first_problem), (8, None));
+    assert_eq!((report.events_checked, report.first_problem), (11, None));
 }
 
 /// Tampering only PostgreSQL has words for.
@@ -481,14 +485,14 @@ const PG_TAMPERS: &[Tamper] = &[
         tenant: "acme",
         kind: ChainProblemKind::Deleted,
         chain_seq: 1,
-        detail: "the head records 5 events but the chain ends at 0",
+        detail: "the head records 7 events but the chain ends at 0",
     },
     Tamper {
         name: "truncate the heads",
         sql: &["TRUNCATE audit_heads"],
         tenant: "acme",
         kind: ChainProblemKind::Deleted,
-        chain_seq: 6,
+        chain_seq: 8,
         detail: "no head record",
     },
 ];
@@ -547,11 +551,12 @@ async fn a_store_keeps_its_tables_in_its_schema() {
     .await
     .unwrap();
     assert_eq!(schemas, [db.pg_schema().name()]);
-    let tenants: Vec<String> = sqlx::query_scalar("SELECT id FROM tenants")
+    let tenants: Vec<String> = sqlx::query_scalar("SELECT id FROM tenants ORDER BY id")
         .fetch_all(&mut conn)
         .await
         .unwrap();
-    assert_eq!(tenants, ["acme"]);
+    // With the system audit chain's reserved row.
+    assert_eq!(tenants, ["@system", "acme"]);
 
     // Another schema of the same database is another ledger.
     let other = Db::pg().await;
@@ -598,7 +603,10 @@ async fn schema_names_are_plain_identifiers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_keep_one_chain_per_tenant() {
     let db = seeded(Backend::Pg, 10_000).await;
-    db.store().create_tenant(tenant("beta")).await.unwrap();
+    db.store()
+        .create_tenant(tenant("beta"), &admin())
+        .await
+        .unwrap();
     let a = db.shared();
     let b_store = replica(&db).await;
     let b: Arc<dyn Store> = Arc::clone(&b_store) as Arc<dyn Store>;
@@ -639,20 +647,21 @@ async fn two_replicas_keep_one_chain_per_tenant() {
         task.await.unwrap();
     }
 
-    // 40 calls with 2 events, 40 notes, 40 calls with 1 event on acme; 40 notes on beta.
+    // 40 calls with 2 events, 40 notes, 40 calls with 1 event on acme; 40 notes on beta; and
+    // the 3 creation events (acme, its agent, beta).
     for (name, store) in [("a", &a), ("b", &b)] {
         let report = store.verify_chains().await.unwrap();
         assert_eq!(
             report,
             VerifyReport {
-                events_checked: 200,
+                events_checked: 203,
                 chains_checked: 2,
                 first_problem: None,
             },
             "as replica {name} sees it"
         );
     }
-    for (tenant, length) in [("acme", 160), ("beta", 40)] {
+    for (tenant, length) in [("acme", 162), ("beta", 41)] {
         let events = events_of(a.as_ref(), tenant).await;
         assert_eq!(
             events.iter().map(|e| e.chain_seq).collect::<Vec<_>>(),
@@ -703,7 +712,8 @@ async fn a_cursor_reader_never_skips_an_event_of_either_replica() {
             })
         })
         .collect();
-    let total = 150;
+    // The setup's 2 events (tenant and agent created), then the writers' 150 notes.
+    let total = 152;
     let mut cursor = 0;
     while cursor < total {
         let page = a.list_events(&tenant_id("acme"), cursor, 7).await.unwrap();
@@ -721,7 +731,7 @@ async fn a_cursor_reader_never_skips_an_event_of_either_replica() {
         writer.await.unwrap();
     }
     let report = a.verify_chains().await.unwrap();
-    assert_eq!((report.events_checked, report.first_problem), (150, None));
+    assert_eq!((report.events_checked, report.first_problem), (152, None));
     b_store.close().await;
 }
 
@@ -803,8 +813,7 @@ async fn policy_set_versions_of_two_replicas_never_collide() {
                     .put_policy_set(
                         &tenant_id("acme"),
                         &format!("// set {i}\npermit(principal, action, resource);"),
-                        "tok-admin",
-                        T0,
+                        &admin(),
                     )
                     .await
                     .unwrap()
@@ -932,7 +941,7 @@ async fn a_commit_on_one_replica_ticks_the_others() {
     let seen = events_of(b.as_ref(), "acme").await;
     assert_eq!(
         seen.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
-        ["admin.note"]
+        ["admin.tenant_created", "admin.agent_created", "admin.note"]
     );
     b.close().await;
 }
@@ -963,7 +972,7 @@ async fn a_configuration_change_on_one_replica_ticks_the_others() {
         "an audit event is not a configuration change"
     );
 
-    a.set_flag(&tenant_id("acme"), "tool_calling_enabled", false, T0)
+    a.set_flag(&tenant_id("acme"), "tool_calling_enabled", false, &admin())
         .await
         .unwrap();
     tokio::time::timeout(HANG, config.changed())
@@ -1036,6 +1045,7 @@ async fn a_tool_use_id_repeated_on_two_replicas_is_recorded_once() {
     let run_now = a.get_run(&acme, &run_id("run-1")).await.unwrap().unwrap();
     assert_eq!(run_now.calls_used, 1);
     let report = b.verify_chains().await.unwrap();
-    assert_eq!((report.events_checked, report.first_problem), (1, None));
+    // The setup's 2 events and the one call's.
+    assert_eq!((report.events_checked, report.first_problem), (3, None));
     b_store.close().await;
 }

@@ -563,8 +563,8 @@ fn changes_configuration(op: &OpKind) -> bool {
         op,
         OpKind::SetFlag { .. }
             | OpKind::PutPolicySet { .. }
-            | OpKind::PutPermission(_)
-            | OpKind::RevokeToken(_)
+            | OpKind::PutPermission(..)
+            | OpKind::RevokeToken { .. }
             | OpKind::PutCredential(_)
             | OpKind::DeleteCredential { .. }
             | OpKind::ReplaceSealed { .. }
@@ -585,7 +585,14 @@ fn chain_tenants(ops: &[OpKind]) -> Vec<String> {
             OpKind::AppendEvents(events) => events,
             OpKind::ResolvePending(resolution) => &resolution.1,
             OpKind::AddPending(pending) => &pending.1,
-            _ => &[],
+            // An administrative change's event (a new tenant's head is created, and so held,
+            // by the batch itself).
+            _ => {
+                if let Some(event) = op.admin_event() {
+                    tenants.insert(event.chain.clone());
+                }
+                &[]
+            }
         };
         tenants.extend(events.iter().map(|event| event.tenant.clone()));
     }

@@ -1,6 +1,7 @@
 //! Write operations executed one statement at a time, looking at each result before the next.
 //!
-//! Every administrative operation runs here (each is a single write, atomic by itself). The hot
+//! Every administrative operation runs here: its change, then its audit event, inside the
+//! savepoint the writer opens for it, so the two commit together or not at all. The hot
 //! operations (`record_call`, `finish_call`, `append_events`) run here only when their
 //! one-round-trip form in the writer failed: then this code finds out exactly what happened (a
 //! repeated `tool_use_id`, a used-up budget, a missing run) and answers precisely. The writer
@@ -45,16 +46,42 @@ pub(super) struct Steps<'w> {
 impl Steps<'_> {
     pub(super) async fn apply(&mut self, op: &OpKind) -> Result<Reply, Fail> {
         match op {
-            OpKind::CreateTenant(tenant) => self.create_tenant(tenant).await,
-            OpKind::CreateAgent(agent) => self.create_agent(agent).await,
-            OpKind::CreateToken(token) => self.create_token(token).await,
-            OpKind::RevokeToken(id) => self.revoke_token(id).await,
-            OpKind::PutPermission(permission) => self.put_permission(permission).await,
+            OpKind::CreateTenant(tenant, event) => {
+                self.create_tenant(tenant).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::CreateAgent(agent, event) => {
+                self.create_agent(agent).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::CreateToken(token, event) => {
+                self.create_token(token).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::RevokeToken { id, tenant, event } => {
+                self.revoke_token(id, tenant.as_ref().map(|tenant| tenant.as_str()))
+                    .await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::PutPermission(permission, event) => {
+                self.put_permission(permission).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
+            OpKind::RecordKeyChange(event) => {
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
             OpKind::SetFlag {
                 tenant,
                 flag,
                 enabled,
                 at,
+                event,
             } => {
                 let upsert = sqlx::query(
                     "INSERT INTO feature_flags (tenant, flag, enabled, updated_at) \
@@ -72,6 +99,7 @@ impl Steps<'_> {
                         || LedgerError::NotFound(format!("tenant {tenant}")),
                     )
                 })?;
+                self.append(&event.prepared()).await?;
                 Ok(Reply::Done)
             }
             OpKind::PutPolicySet {
@@ -79,6 +107,7 @@ impl Steps<'_> {
                 text,
                 created_by,
                 at,
+                event,
             } => {
                 let insert = sqlx::query(
                     "INSERT INTO policy_sets (tenant, version, text, created_by, created_at) \
@@ -97,6 +126,8 @@ impl Steps<'_> {
                     )
                 })?;
                 let version: i64 = row.try_get("version").map_err(read_failure)?;
+                self.append(&event.prepared_with("version", version.into()))
+                    .await?;
                 Ok(Reply::Version(version))
             }
             OpKind::CreateRun { run, manifest } => self.create_run(run, manifest).await,
@@ -111,7 +142,12 @@ impl Steps<'_> {
                 }
                 Ok(Reply::Done)
             }
-            OpKind::PutCredential(credential) => self.put_credential(credential).await,
+            OpKind::PutCredential(credential) => {
+                let (credential, event) = credential.as_ref();
+                self.put_credential(credential).await?;
+                self.append(&event.prepared()).await?;
+                Ok(Reply::Done)
+            }
             OpKind::ResolvePending(resolution) => {
                 let (resolution, events) = resolution.as_ref();
                 self.resolve_pending(resolution, events)
@@ -122,7 +158,11 @@ impl Steps<'_> {
                 let (pending, events) = pending.as_ref();
                 self.add_pending(pending, events).await
             }
-            OpKind::DeleteCredential { tenant, name } => {
+            OpKind::DeleteCredential {
+                tenant,
+                name,
+                event,
+            } => {
                 let delete =
                     sqlx::query("DELETE FROM tenant_tool_secrets WHERE tenant = ? AND name = ?")
                         .bind(tenant.as_str().to_owned())
@@ -139,6 +179,7 @@ impl Steps<'_> {
                         "secret {name} of tenant {tenant}"
                     ))));
                 }
+                self.append(&event.prepared()).await?;
                 Ok(Reply::Done)
             }
             OpKind::ReplaceSealed {
@@ -148,6 +189,7 @@ impl Steps<'_> {
                 value,
                 key_id,
                 at,
+                event,
             } => {
                 let update = sqlx::query(
                     "UPDATE tenant_tool_secrets SET value = ?, key_id = ?, updated_at = ? \
@@ -166,6 +208,9 @@ impl Steps<'_> {
                         || LedgerError::Database("unexpected foreign key failure".into()),
                     )
                 })?;
+                if changed == 1 {
+                    self.append(&event.prepared()).await?;
+                }
                 Ok(Reply::Finished(changed == 1))
             }
         }
@@ -409,9 +454,11 @@ impl Steps<'_> {
         }
     }
 
-    async fn revoke_token(&mut self, id: &str) -> Result<Reply, Fail> {
-        let update =
-            sqlx::query("UPDATE api_tokens SET revoked = 1 WHERE id = ?").bind(id.to_owned());
+    /// `tenant` is the one the token was read with; `IS` matches NULL to NULL (admin tokens).
+    async fn revoke_token(&mut self, id: &str, tenant: Option<&str>) -> Result<Reply, Fail> {
+        let update = sqlx::query("UPDATE api_tokens SET revoked = 1 WHERE id = ? AND tenant IS ?")
+            .bind(id.to_owned())
+            .bind(tenant.map(str::to_owned));
         let changed = self.write(update).await.map_err(|error| {
             write_failure(
                 &error,

@@ -49,7 +49,10 @@ async fn one_batch(db: Db, writes: Vec<Write>) -> (Db, Vec<Answer>, WriterStats)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_hot_writes_is_written_in_bulk() {
     let db = seeded(Backend::Sqlite, 100).await;
-    db.store().create_tenant(tenant("beta")).await.unwrap();
+    db.store()
+        .create_tenant(tenant("beta"), &admin())
+        .await
+        .unwrap();
     for id in ["old-1", "old-2"] {
         db.store()
             .record_call(new_call("acme", "run-1", id, None))
@@ -137,12 +140,12 @@ async fn a_batch_of_hot_writes_is_written_in_bulk() {
         .unwrap()
         .unwrap();
     assert_eq!(decision.policy_decision_id.as_deref(), Some("dec-call-3"));
-    // 3 before (2 requested, 1 succeeded); then 4 requested, 2 for the waiting call, 1 for
-    // the finish.
+    // 2 from the setup (tenant and agent created), 3 before (2 requested, 1 succeeded); then
+    // 4 requested, 2 for the waiting call, 1 for the finish.
     let kinds: Vec<String> = events_of(db.store(), "acme")
         .await
         .into_iter()
-        .skip(3)
+        .skip(5)
         .map(|e| e.kind)
         .collect();
     assert_eq!(
@@ -157,9 +160,10 @@ async fn a_batch_of_hot_writes_is_written_in_bulk() {
             "tool_call.succeeded",
         ]
     );
-    assert_eq!(events_of(db.store(), "beta").await.len(), 2);
+    // Beta's creation and the two notes.
+    assert_eq!(events_of(db.store(), "beta").await.len(), 3);
     let report = db.store().verify_chains().await.unwrap();
-    assert_eq!((report.events_checked, report.first_problem), (12, None));
+    assert_eq!((report.events_checked, report.first_problem), (15, None));
 
     // The chain heads moved with the batch: a later append continues both chains.
     db.store()
@@ -238,8 +242,9 @@ async fn a_refused_bulk_write_falls_back_to_one_by_one() {
     assert_eq!(run_now.calls_used, 4);
     let report = db.store().verify_chains().await.unwrap();
     assert_eq!(report.first_problem, None);
-    // 1 before; 3 requested, requested + blocked for call 4, succeeded for old-1.
-    assert_eq!(report.events_checked, 7);
+    // 2 from the setup, 1 before; 3 requested, requested + blocked for call 4, succeeded for
+    // old-1.
+    assert_eq!(report.events_checked, 9);
 }
 
 // --- triggers ----------------------------------------------------------------------------------

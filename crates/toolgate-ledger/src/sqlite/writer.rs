@@ -376,11 +376,14 @@ impl Writer {
             OpKind::ResolvePending(_) | OpKind::AddPending(_) => {
                 return self.step_by_step(op).await;
             }
-            // Every other operation is one write statement, atomic by itself.
-            _ => {
+            // One write statement, atomic by itself.
+            OpKind::CreateRun { .. } => {
                 let mut steps = self.steps();
                 return steps.apply(op).await;
             }
+            // Administrative operations: the change and its audit event, atomic together in
+            // their own savepoint.
+            _ => return self.step_by_step(op).await,
         };
         if let Some(reply) = done {
             return Ok(reply);

@@ -429,6 +429,14 @@ pub(crate) async fn join_all<F: std::future::Future<Output = ()>>(futures: Vec<F
 
 pub(crate) const T0: Timestamp = Timestamp(1_700_000_000_000);
 
+/// The admin token id the tests make their administrative changes with.
+pub(crate) const ADMIN_TOKEN: &str = "tok_admin";
+
+/// The actor of the tests' administrative changes.
+pub(crate) fn admin() -> Actor {
+    Actor::token(ADMIN_TOKEN, T0)
+}
+
 pub(crate) fn tenant_id(id: &str) -> TenantId {
     TenantId::new(id).unwrap()
 }
@@ -630,8 +638,11 @@ pub(crate) fn decide(call: &str, version: i64, approve: bool, by: &str) -> Resol
 pub(crate) async fn seeded(backend: Backend, max_calls: i64) -> Db {
     let db = Db::new(backend).await;
     let store = db.store();
-    store.create_tenant(tenant("acme")).await.unwrap();
-    store.create_agent(agent("acme", "bot")).await.unwrap();
+    store.create_tenant(tenant("acme"), &admin()).await.unwrap();
+    store
+        .create_agent(agent("acme", "bot"), &admin())
+        .await
+        .unwrap();
     store
         .create_run(run("acme", "run-1", max_calls))
         .await
@@ -639,11 +650,12 @@ pub(crate) async fn seeded(backend: Backend, max_calls: i64) -> Db {
     db
 }
 
-/// `acme` gets 5 events and `beta` 3, interleaved.
+/// `acme` gets 5 notes and `beta` 3, interleaved, after their creation events (acme's and its
+/// agent's: 2; beta's: 1).
 pub(crate) async fn two_chains(backend: Backend) -> Db {
     let db = seeded(backend, 100).await;
     let store = db.store();
-    store.create_tenant(tenant("beta")).await.unwrap();
+    store.create_tenant(tenant("beta"), &admin()).await.unwrap();
     for i in 1..=5 {
         let call = format!("a-{i}");
         store
@@ -741,8 +753,10 @@ pub(crate) fn appending(events: Vec<NewAuditEvent>) -> Write {
 
 /// SQL an attacker with direct database access runs once the protections (SQLite: the
 /// triggers; PostgreSQL: the triggers, and `seq` being generated always) are out of the way,
-/// on the chains of [`two_chains`]. `{hash3}` and `{hash5}` stand for hashes recomputed the way
-/// the ledger computes them, for rewrites that keep an event self-consistent.
+/// on the chains of [`two_chains`]: `acme` holds its creation and its agent's (1, 2), then
+/// notes 1 to 5 (positions 3 to 7); `beta` its creation (1), then notes 1 to 3 (2 to 4).
+/// `{hash5}` and `{hash7}` stand for hashes recomputed the way the ledger computes them, for
+/// rewrites that keep an event self-consistent.
 pub(crate) struct Tamper {
     pub(crate) name: &'static str,
     pub(crate) sql: &'static [&'static str],
@@ -758,12 +772,12 @@ pub(crate) const TAMPERS: &[Tamper] = &[
     Tamper {
         name: "edit a payload",
         sql: &[
-            "UPDATE audit_events SET payload = '{\"n\":33}' WHERE tenant = 'acme' AND chain_seq = 3",
+            "UPDATE audit_events SET payload = '{\"n\":33}' WHERE tenant = 'acme' AND chain_seq = 5",
         ],
         tenant: "acme",
         kind: ChainProblemKind::Edited,
-        chain_seq: 3,
-        detail: "event 3 does not match its hash",
+        chain_seq: 5,
+        detail: "event 5 does not match its hash",
     },
     Tamper {
         name: "edit a timestamp",
@@ -774,12 +788,23 @@ pub(crate) const TAMPERS: &[Tamper] = &[
         detail: "event 1 does not match its hash",
     },
     Tamper {
+        name: "edit an administrative event",
+        sql: &[
+            "UPDATE audit_events SET payload = '{\"actor\":\"someone else\"}' \
+             WHERE tenant = 'beta' AND chain_seq = 1",
+        ],
+        tenant: "beta",
+        kind: ChainProblemKind::Edited,
+        chain_seq: 1,
+        detail: "event 1 does not match its hash",
+    },
+    Tamper {
         name: "delete a middle event",
-        sql: &["DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq = 3"],
+        sql: &["DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq = 5"],
         tenant: "acme",
         kind: ChainProblemKind::Deleted,
-        chain_seq: 3,
-        detail: "event 3 is missing: the chain goes from event 2 to 4",
+        chain_seq: 5,
+        detail: "event 5 is missing: the chain goes from event 4 to 6",
     },
     Tamper {
         name: "delete the first event",
@@ -791,11 +816,11 @@ pub(crate) const TAMPERS: &[Tamper] = &[
     },
     Tamper {
         name: "delete the newest event",
-        sql: &["DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq = 5"],
+        sql: &["DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq = 7"],
         tenant: "acme",
         kind: ChainProblemKind::Deleted,
-        chain_seq: 5,
-        detail: "the head records 5 events but the chain ends at 4",
+        chain_seq: 7,
+        detail: "the head records 7 events but the chain ends at 6",
     },
     Tamper {
         name: "delete a whole chain",
@@ -803,65 +828,65 @@ pub(crate) const TAMPERS: &[Tamper] = &[
         tenant: "beta",
         kind: ChainProblemKind::Deleted,
         chain_seq: 1,
-        detail: "the head records 3 events but the chain ends at 0",
+        detail: "the head records 4 events but the chain ends at 0",
     },
     Tamper {
         name: "delete the newest events and the head",
         sql: &[
-            "DELETE FROM audit_events WHERE tenant = 'beta' AND chain_seq = 3",
+            "DELETE FROM audit_events WHERE tenant = 'beta' AND chain_seq = 4",
             "DELETE FROM audit_heads WHERE tenant = 'beta'",
         ],
         tenant: "beta",
         kind: ChainProblemKind::Deleted,
-        chain_seq: 3,
+        chain_seq: 4,
         detail: "no head record",
     },
     Tamper {
         name: "swap two events' positions",
         sql: &[
-            "UPDATE audit_events SET chain_seq = 1000 WHERE tenant = 'acme' AND chain_seq = 2",
-            "UPDATE audit_events SET chain_seq = 2 WHERE tenant = 'acme' AND chain_seq = 3",
-            "UPDATE audit_events SET chain_seq = 3 WHERE tenant = 'acme' AND chain_seq = 1000",
+            "UPDATE audit_events SET chain_seq = 1000 WHERE tenant = 'acme' AND chain_seq = 5",
+            "UPDATE audit_events SET chain_seq = 5 WHERE tenant = 'acme' AND chain_seq = 6",
+            "UPDATE audit_events SET chain_seq = 6 WHERE tenant = 'acme' AND chain_seq = 1000",
         ],
         tenant: "acme",
         kind: ChainProblemKind::Reordered,
-        chain_seq: 2,
-        detail: "belongs at position 3",
+        chain_seq: 5,
+        detail: "belongs at position 6",
     },
     Tamper {
         name: "swap two events' insertion order",
         sql: &[
             "CREATE TEMP TABLE original AS SELECT chain_seq, seq FROM audit_events \
-             WHERE tenant = 'acme' AND chain_seq IN (2, 3)",
-            "UPDATE audit_events SET seq = -seq WHERE tenant = 'acme' AND chain_seq IN (2, 3)",
+             WHERE tenant = 'acme' AND chain_seq IN (5, 6)",
+            "UPDATE audit_events SET seq = -seq WHERE tenant = 'acme' AND chain_seq IN (5, 6)",
             "UPDATE audit_events SET seq = (SELECT seq FROM original \
-             WHERE original.chain_seq = 5 - audit_events.chain_seq) \
-             WHERE tenant = 'acme' AND chain_seq IN (2, 3)",
+             WHERE original.chain_seq = 11 - audit_events.chain_seq) \
+             WHERE tenant = 'acme' AND chain_seq IN (5, 6)",
         ],
         tenant: "acme",
         kind: ChainProblemKind::Reordered,
-        chain_seq: 3,
+        chain_seq: 6,
         detail: "rows were shuffled",
     },
     Tamper {
         name: "rewrite a middle event with a recomputed hash",
         sql: &[
-            "UPDATE audit_events SET payload = '{\"n\":33}', hash = '{hash3}' WHERE tenant = 'acme' AND chain_seq = 3",
-        ],
-        tenant: "acme",
-        kind: ChainProblemKind::Edited,
-        chain_seq: 3,
-        detail: "event 3 is not the event that event 4 was chained to",
-    },
-    Tamper {
-        name: "rewrite the newest event with a recomputed hash",
-        sql: &[
-            "UPDATE audit_events SET payload = '{\"n\":55}', hash = '{hash5}' WHERE tenant = 'acme' AND chain_seq = 5",
+            "UPDATE audit_events SET payload = '{\"n\":33}', hash = '{hash5}' WHERE tenant = 'acme' AND chain_seq = 5",
         ],
         tenant: "acme",
         kind: ChainProblemKind::Edited,
         chain_seq: 5,
-        detail: "event 5 is not the event the head records",
+        detail: "event 5 is not the event that event 6 was chained to",
+    },
+    Tamper {
+        name: "rewrite the newest event with a recomputed hash",
+        sql: &[
+            "UPDATE audit_events SET payload = '{\"n\":55}', hash = '{hash7}' WHERE tenant = 'acme' AND chain_seq = 7",
+        ],
+        tenant: "acme",
+        kind: ChainProblemKind::Edited,
+        chain_seq: 7,
+        detail: "event 7 is not the event the head records",
     },
     Tamper {
         name: "roll the head back",
@@ -886,7 +911,7 @@ pub(crate) const BOTH_CHAINS: Tamper = Tamper {
     detail: "event 4 does not match its hash",
 };
 
-/// `tamper`'s statements with `{hash3}` and `{hash5}` filled in from `store`'s `acme` chain.
+/// `tamper`'s statements with `{hash5}` and `{hash7}` filled in from `store`'s `acme` chain.
 pub(crate) async fn tamper_sql(store: &dyn Store, tamper: &Tamper) -> Vec<String> {
     let acme = events_of(store, "acme").await;
     let rehash = |event: &AuditEvent, payload: &str| {
@@ -901,12 +926,12 @@ pub(crate) async fn tamper_sql(store: &dyn Store, tamper: &Tamper) -> Vec<String
             event.at.0,
         )
     };
-    let hash3 = rehash(&acme[2], "{\"n\":33}");
-    let hash5 = rehash(&acme[4], "{\"n\":55}");
+    let hash5 = rehash(&acme[4], "{\"n\":33}");
+    let hash7 = rehash(&acme[6], "{\"n\":55}");
     tamper
         .sql
         .iter()
-        .map(|sql| sql.replace("{hash3}", &hash3).replace("{hash5}", &hash5))
+        .map(|sql| sql.replace("{hash5}", &hash5).replace("{hash7}", &hash7))
         .collect()
 }
 
@@ -917,7 +942,7 @@ pub(crate) fn assert_detected(tamper: &Tamper, report: &VerifyReport) {
         .as_ref()
         .unwrap_or_else(|| panic!("{}: tampering went unnoticed", tamper.name));
     assert_eq!(
-        (problem.tenant.as_str(), problem.kind, problem.chain_seq),
+        (problem.chain.as_str(), problem.kind, problem.chain_seq),
         (tamper.tenant, tamper.kind, tamper.chain_seq),
         "{}: {}",
         tamper.name,

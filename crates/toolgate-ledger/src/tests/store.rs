@@ -16,9 +16,9 @@ on_both_backends! {
     async fn tenants_and_agents(backend: Backend) {
         let db = Db::new(backend).await;
         let store = db.store();
-        store.create_tenant(tenant("beta")).await.unwrap();
-        store.create_tenant(tenant("acme")).await.unwrap();
-        assert_exists(store.create_tenant(tenant("acme")).await, "tenant acme");
+        store.create_tenant(tenant("beta"), &admin()).await.unwrap();
+        store.create_tenant(tenant("acme"), &admin()).await.unwrap();
+        assert_exists(store.create_tenant(tenant("acme"), &admin()).await, "tenant acme");
         assert_eq!(
             store.get_tenant(&tenant_id("acme")).await.unwrap(),
             Some(tenant("acme"))
@@ -33,15 +33,15 @@ on_both_backends! {
             .collect();
         assert_eq!(ids, ["acme", "beta"]);
 
-        store.create_agent(agent("acme", "bot")).await.unwrap();
-        store.create_agent(agent("acme", "analyst")).await.unwrap();
-        store.create_agent(agent("beta", "bot")).await.unwrap();
+        store.create_agent(agent("acme", "bot"), &admin()).await.unwrap();
+        store.create_agent(agent("acme", "analyst"), &admin()).await.unwrap();
+        store.create_agent(agent("beta", "bot"), &admin()).await.unwrap();
         assert_exists(
-            store.create_agent(agent("acme", "bot")).await,
+            store.create_agent(agent("acme", "bot"), &admin()).await,
             "agent acme/bot",
         );
         assert_not_found(
-            store.create_agent(agent("nope", "bot")).await,
+            store.create_agent(agent("nope", "bot"), &admin()).await,
             "tenant nope",
         );
         assert_eq!(
@@ -83,11 +83,11 @@ on_both_backends! {
             created_at: T0,
             revoked: false,
         };
-        let admin = token("tok-admin", Role::Admin, None, None);
+        let admin_token = token("tok-admin", Role::Admin, None, None);
         let runtime = token("tok-agent", Role::Agent, Some("acme"), Some("bot"));
         let approver = token("tok-approver", Role::Approver, Some("acme"), None);
-        for record in [&admin, &runtime, &approver] {
-            store.create_token(record.clone()).await.unwrap();
+        for record in [&admin_token, &runtime, &approver] {
+            store.create_token(record.clone(), &admin()).await.unwrap();
         }
 
         let cases: Vec<(TokenRecord, &str)> = vec![
@@ -98,15 +98,15 @@ on_both_backends! {
             ),
         ];
         for (record, missing) in cases {
-            assert_not_found(store.create_token(record).await, missing);
+            assert_not_found(store.create_token(record, &admin()).await, missing);
         }
         // A taken id, and a taken hash: the error never repeats the hash.
-        assert_exists(store.create_token(admin.clone()).await, "token tok-admin");
+        assert_exists(store.create_token(admin_token.clone(), &admin()).await, "token tok-admin");
         let same_secret = TokenRecord {
             id: "tok-other".into(),
             ..runtime.clone()
         };
-        let error = store.create_token(same_secret).await.unwrap_err();
+        let error = store.create_token(same_secret, &admin()).await.unwrap_err();
         assert!(matches!(error, LedgerError::AlreadyExists(_)), "{error:?}");
         assert!(!error.to_string().contains(&runtime.hash), "{error}");
 
@@ -116,7 +116,7 @@ on_both_backends! {
         );
         assert_eq!(store.find_token(&"f".repeat(64)).await.unwrap(), None);
         let admins = store.list_tokens(None).await.unwrap();
-        assert_eq!(admins, vec![admin.clone()]);
+        assert_eq!(admins, vec![admin_token.clone()]);
         let acme: Vec<String> = store
             .list_tokens(Some(&tenant_id("acme")))
             .await
@@ -126,10 +126,10 @@ on_both_backends! {
             .collect();
         assert_eq!(acme, ["tok-agent", "tok-approver"]);
 
-        store.revoke_token("tok-agent").await.unwrap();
+        store.revoke_token("tok-agent", &admin()).await.unwrap();
         let revoked = store.find_token(&runtime.hash).await.unwrap().unwrap();
         assert!(revoked.revoked);
-        assert_not_found(store.revoke_token("tok-ghost").await, "token tok-ghost");
+        assert_not_found(store.revoke_token("tok-ghost", &admin()).await, "token tok-ghost");
     }
 }
 
@@ -146,35 +146,35 @@ on_both_backends! {
             updated_at: Timestamp(at),
         };
         store
-            .put_permission(grant(None, "slack.post_message", true, 1))
+            .put_permission(grant(None, "slack.post_message", true, 1), &admin())
             .await
             .unwrap();
         // An upsert of the tenant-wide grant, not a second row.
         store
-            .put_permission(grant(None, "slack.post_message", false, 2))
+            .put_permission(grant(None, "slack.post_message", false, 2), &admin())
             .await
             .unwrap();
         store
-            .put_permission(grant(Some("bot"), "slack.post_message", true, 3))
+            .put_permission(grant(Some("bot"), "slack.post_message", true, 3), &admin())
             .await
             .unwrap();
         store
-            .put_permission(grant(Some("bot"), "aws.ec2_inventory", true, 4))
+            .put_permission(grant(Some("bot"), "aws.ec2_inventory", true, 4), &admin())
             .await
             .unwrap();
         store
-            .put_permission(grant(Some("bot"), "aws.ec2_inventory", true, 5))
+            .put_permission(grant(Some("bot"), "aws.ec2_inventory", true, 5), &admin())
             .await
             .unwrap();
         assert_not_found(
             store
-                .put_permission(grant(Some("ghost"), "aws.ec2_inventory", true, 6))
+                .put_permission(grant(Some("ghost"), "aws.ec2_inventory", true, 6), &admin())
                 .await,
             "agent acme/ghost",
         );
         let mut elsewhere = grant(None, "aws.ec2_inventory", true, 7);
         elsewhere.tenant = tenant_id("nope");
-        assert_not_found(store.put_permission(elsewhere).await, "tenant nope");
+        assert_not_found(store.put_permission(elsewhere, &admin()).await, "tenant nope");
 
         assert_eq!(
             store.list_permissions(&acme, None).await.unwrap(),
@@ -202,7 +202,7 @@ on_both_backends! {
         );
         for enabled in [true, false] {
             store
-                .set_flag(&acme, TOOL_CALLING_ENABLED, enabled, T0)
+                .set_flag(&acme, TOOL_CALLING_ENABLED, enabled, &admin())
                 .await
                 .unwrap();
             assert_eq!(
@@ -212,7 +212,7 @@ on_both_backends! {
         }
         assert_not_found(
             store
-                .set_flag(&tenant_id("nope"), TOOL_CALLING_ENABLED, true, T0)
+                .set_flag(&tenant_id("nope"), TOOL_CALLING_ENABLED, true, &admin())
                 .await,
             "tenant nope",
         );
@@ -223,7 +223,7 @@ on_both_backends! {
             (2, "forbid(principal, action, resource);"),
         ] {
             let version = store
-                .put_policy_set(&acme, text, "tok-admin", T0.plus_ms(expected))
+                .put_policy_set(&acme, text, &Actor::token("tok-admin", T0.plus_ms(expected)))
                 .await
                 .unwrap();
             assert_eq!(version, expected);
@@ -238,7 +238,7 @@ on_both_backends! {
             (2, "forbid(principal, action, resource);", "tok-admin")
         );
         let missing = store
-            .put_policy_set(&tenant_id("nope"), "x", "tok-admin", T0)
+            .put_policy_set(&tenant_id("nope"), "x", &admin())
             .await
             .map(|_| ());
         assert_not_found(missing, "tenant nope");
@@ -249,7 +249,7 @@ on_both_backends! {
     async fn runs(backend: Backend) {
         let db = seeded(backend, 3).await;
         let store = db.store();
-        store.create_tenant(tenant("beta")).await.unwrap();
+        store.create_tenant(tenant("beta"), &admin()).await.unwrap();
         assert_eq!(
             store
                 .get_run(&tenant_id("acme"), &run_id("run-1"))
@@ -447,9 +447,11 @@ on_both_backends! {
             .unwrap()
             .unwrap();
         assert_eq!(recorded.status, ToolCallStatus::WaitingApproval);
+        // After the setup's 2 events (tenant and agent created).
         let kinds: Vec<String> = events_of(store, "acme")
             .await
             .into_iter()
+            .skip(2)
             .map(|e| e.kind)
             .collect();
         assert_eq!(
@@ -488,7 +490,8 @@ on_both_backends! {
         assert_eq!((done.duration_ms, done.attempts), (Some(12), 1));
         assert_eq!(done.updated_at, T0.plus_ms(12));
         let events_after_first = events_of(store, "acme").await.len();
-        assert_eq!(events_after_first, 2);
+        // The setup's 2, requested and succeeded.
+        assert_eq!(events_after_first, 4);
 
         let mut again = finish("acme", "call-1");
         again.status = ToolCallStatus::Failed;
@@ -547,7 +550,8 @@ on_both_backends! {
             .unwrap();
         assert_eq!(run_now.calls_used, 200);
         let report = store.verify_chains().await.unwrap();
-        assert_eq!((report.events_checked, report.first_problem), (200, None));
+        // The setup's 2 events and the calls'.
+        assert_eq!((report.events_checked, report.first_problem), (202, None));
     }
 }
 
@@ -602,7 +606,8 @@ on_both_backends! {
             .unwrap();
         assert_eq!(run_now.calls_used, 17);
         let report = store.verify_chains().await.unwrap();
-        assert_eq!((report.events_checked, report.first_problem), (17, None));
+        // The setup's 2 events and the calls'.
+        assert_eq!((report.events_checked, report.first_problem), (19, None));
     }
 }
 
@@ -630,7 +635,8 @@ on_both_backends! {
             .unwrap()
             .unwrap();
         assert_eq!(call.status, ToolCallStatus::Succeeded);
-        assert_eq!(events_of(db.store(), "acme").await.len(), 2);
+        // The setup's 2 (tenant and agent created), requested and succeeded.
+        assert_eq!(events_of(db.store(), "acme").await.len(), 4);
 
         // The chain continues from the stored head.
         db.store()
@@ -638,7 +644,7 @@ on_both_backends! {
             .await
             .unwrap();
         let events = events_of(db.store(), "acme").await;
-        assert_eq!(events.last().map(|e| e.chain_seq), Some(3));
+        assert_eq!(events.last().map(|e| e.chain_seq), Some(5));
         assert_eq!(db.store().verify_chains().await.unwrap().first_problem, None);
 
         // Dropping the store (no close) still leaves every acknowledged write stored.
@@ -647,10 +653,10 @@ on_both_backends! {
             .await
             .unwrap();
         let db = db.reopen_without_close().await;
-        assert_eq!(events_of(db.store(), "acme").await.len(), 4);
+        assert_eq!(events_of(db.store(), "acme").await.len(), 6);
         assert_eq!(db.store().verify_chains().await.unwrap().first_problem, None);
         db.close().await;
-        let closed = db.store().create_tenant(tenant("late")).await;
+        let closed = db.store().create_tenant(tenant("late"), &admin()).await;
         assert!(matches!(closed, Err(LedgerError::Closed)), "{closed:?}");
     }
 }
@@ -958,7 +964,8 @@ on_both_backends! {
         assert!(matches!(refused, Err(LedgerError::NotFound(_))), "{refused:?}");
         let report = store.verify_chains().await.unwrap();
         assert_eq!(report.first_problem, None);
-        assert_eq!(report.events_checked, 4);
+        // The setup's 2 events and the calls'.
+        assert_eq!(report.events_checked, 6);
     }
 }
 
@@ -1023,7 +1030,7 @@ on_both_backends! {
         assert_eq!(
             report,
             VerifyReport {
-                events_checked: 8,
+                events_checked: 11,
                 chains_checked: 2,
                 first_problem: None,
             }
@@ -1031,7 +1038,7 @@ on_both_backends! {
         let events = events_of(db.store(), "acme").await;
         assert_eq!(
             events.iter().map(|e| e.chain_seq).collect::<Vec<_>>(),
-            [1, 2, 3, 4, 5]
+            [1, 2, 3, 4, 5, 6, 7]
         );
         assert_eq!(events[0].prev_hash, crate::GENESIS_HASH);
         for pair in events.windows(2) {
@@ -1063,7 +1070,7 @@ on_both_backends! {
     /// order is commit order).
     async fn readers_see_whole_commits_while_appends_go_on(backend: Backend) {
         let db = seeded(backend, 10).await;
-        db.store().create_tenant(tenant("beta")).await.unwrap();
+        db.store().create_tenant(tenant("beta"), &admin()).await.unwrap();
         let store = db.shared();
         let writers: Vec<_> = (0..6)
             .map(|w| {
@@ -1078,7 +1085,8 @@ on_both_backends! {
                 })
             })
             .collect();
-        let total = 150;
+        // The setup's 2 events (tenant and agent created), then the writers' 150 notes.
+        let total = 152;
 
         let mut cursor = 0;
         while cursor < total {
@@ -1101,7 +1109,8 @@ on_both_backends! {
             writer.await.unwrap();
         }
         let report = store.verify_chains().await.unwrap();
-        assert_eq!((report.events_checked, report.first_problem), (300, None));
+        // 150 notes on each chain and the 3 creation events (acme, its agent, beta).
+        assert_eq!((report.events_checked, report.first_problem), (303, None));
     }
 }
 
@@ -1124,13 +1133,13 @@ on_both_backends! {
             .unwrap();
         // Only run-1's events, after the cursor; the note belongs to no run.
         let run_events: Vec<i64> = store
-            .list_run_events(&acme, &run_id("run-1"), 3, 10)
+            .list_run_events(&acme, &run_id("run-1"), 5, 10)
             .await
             .unwrap()
             .iter()
             .map(|e| e.chain_seq)
             .collect();
-        assert_eq!(run_events, [4, 5]);
+        assert_eq!(run_events, [6, 7]);
         assert!(
             store
                 .list_run_events(&tenant_id("beta"), &run_id("run-1"), 0, 10)
@@ -1139,8 +1148,9 @@ on_both_backends! {
                 .is_empty()
         );
         let beta = events_of(store, "beta").await;
-        assert_eq!(beta.len(), 3);
-        assert_eq!(beta[0].payload, json!({ "n": 1 }));
+        assert_eq!(beta.len(), 4);
+        assert_eq!(beta[0].kind, "admin.tenant_created");
+        assert_eq!(beta[1].payload, json!({ "n": 1 }));
     }
 }
 
@@ -1168,7 +1178,8 @@ on_both_backends! {
             .into_iter()
             .map(|e| e.chain_seq)
             .collect();
-        assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+        // After the setup's 2 events (tenant and agent created).
+        assert_eq!(seqs, (1..=12).collect::<Vec<_>>());
 
         // An unknown tenant has no chain to join; nothing of the request is written.
         let stray = vec![
@@ -1176,13 +1187,13 @@ on_both_backends! {
             event("nope", "admin.note", "run-1", "x"),
         ];
         assert_not_found(store.append_events(stray).await, "tenant nope");
-        assert_eq!(events_of(store, "acme").await.len(), 10);
+        assert_eq!(events_of(store, "acme").await.len(), 12);
         let report = store.verify_chains().await.unwrap();
-        assert_eq!((report.events_checked, report.first_problem), (10, None));
+        assert_eq!((report.events_checked, report.first_problem), (12, None));
         // The chain goes on from where the refused request left it.
         store.append_events(vec![note("acme", 11)]).await.unwrap();
         let report = store.verify_chains().await.unwrap();
-        assert_eq!((report.events_checked, report.first_problem), (11, None));
+        assert_eq!((report.events_checked, report.first_problem), (13, None));
     }
 }
 
@@ -1199,7 +1210,7 @@ on_both_backends! {
                 id: acme.clone(),
                 name: "Acme".into(),
                 created_at: Timestamp(1),
-            })
+            }, &admin())
             .await
             .unwrap();
         let name = SecretName::new("slack_default").unwrap();
@@ -1216,11 +1227,11 @@ on_both_backends! {
             updated_at: Timestamp(at),
         };
         store
-            .put_credential(sealed("tgs1.k1.AAA", "k1", 10))
+            .put_credential(sealed("tgs1.k1.AAA", "k1", 10), &admin())
             .await
             .unwrap();
         store
-            .put_credential(sealed("tgs1.k1.BBB", "k1", 20))
+            .put_credential(sealed("tgs1.k1.BBB", "k1", 20), &admin())
             .await
             .unwrap();
         let stored = store.get_credential(&acme, &name).await.unwrap().unwrap();
@@ -1253,7 +1264,7 @@ on_both_backends! {
                     "tgs1.k1.AAA",
                     "tgs1.k2.CCC",
                     "k2",
-                    Timestamp(30)
+                    &Actor::token("tok-admin", Timestamp(30))
                 )
                 .await
                 .unwrap()
@@ -1266,7 +1277,7 @@ on_both_backends! {
                     "tgs1.k1.BBB",
                     "tgs1.k2.CCC",
                     "k2",
-                    Timestamp(30)
+                    &Actor::token("tok-admin", Timestamp(30))
                 )
                 .await
                 .unwrap()
@@ -1289,7 +1300,7 @@ on_both_backends! {
             key_id: None,
             ..sealed("x", "k1", 40)
         };
-        store.put_credential(reference.clone()).await.unwrap();
+        store.put_credential(reference.clone(), &admin()).await.unwrap();
         assert_eq!(
             store
                 .list_credentials(&acme)
@@ -1307,12 +1318,12 @@ on_both_backends! {
         let mut orphan = sealed("x", "k1", 1);
         orphan.tenant = tenant_id("nobody");
         assert!(matches!(
-            store.put_credential(orphan).await,
+            store.put_credential(orphan, &admin()).await,
             Err(LedgerError::NotFound(_))
         ));
-        store.delete_credential(&acme, &name).await.unwrap();
+        store.delete_credential(&acme, &name, &admin()).await.unwrap();
         assert!(matches!(
-            store.delete_credential(&acme, &name).await,
+            store.delete_credential(&acme, &name, &admin()).await,
             Err(LedgerError::NotFound(_))
         ));
         assert!(store.get_credential(&acme, &name).await.unwrap().is_none());
