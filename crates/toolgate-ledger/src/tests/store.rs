@@ -1206,11 +1206,14 @@ on_both_backends! {
         let store = db.store();
         let acme = tenant_id("acme");
         store
-            .create_tenant(Tenant {
-                id: acme.clone(),
-                name: "Acme".into(),
-                created_at: Timestamp(1),
-            }, &admin())
+            .create_tenant(
+                Tenant {
+                    id: acme.clone(),
+                    name: "Acme".into(),
+                    created_at: Timestamp(1),
+                },
+                &admin(),
+            )
             .await
             .unwrap();
         let name = SecretName::new("slack_default").unwrap();
