@@ -117,7 +117,8 @@ impl OpKind {
 /// The audit event of an administrative change: which chain it joins, its kind, the acting
 /// token's id and what changed. Built here, for both backends, from the change itself and
 /// only from fields that are not secret: never a credential's value, never a token's secret
-/// or hash.
+/// or hash. Free text an operator typed (names, labels, references) passes through the
+/// redactor, like every other audit payload, in case a credential was pasted into it.
 #[derive(Clone, Debug)]
 pub(crate) struct AdminEvent {
     /// The chain id: the tenant's, or the system chain's for changes without a tenant.
@@ -144,13 +145,13 @@ impl AdminEvent {
 
     pub(crate) fn tenant_created(tenant: &Tenant, actor: &Actor) -> AdminEvent {
         let chain = AuditChain::Tenant(tenant.id.clone());
-        let details = json!({ "name": tenant.name });
+        let details = json!({ "name": free_text(&tenant.name) });
         AdminEvent::new(&chain, "admin.tenant_created", actor, details)
     }
 
     pub(crate) fn agent_created(agent: &Agent, actor: &Actor) -> AdminEvent {
         let chain = AuditChain::Tenant(agent.tenant.clone());
-        let details = json!({ "agent": agent.id.as_str(), "name": agent.name });
+        let details = json!({ "agent": agent.id.as_str(), "name": free_text(&agent.name) });
         AdminEvent::new(&chain, "admin.agent_created", actor, details)
     }
 
@@ -159,7 +160,7 @@ impl AdminEvent {
             "token_id": token.id,
             "role": token.role.as_str(),
             "agent": token.agent.as_ref().map(|agent| agent.as_str()),
-            "label": token.label,
+            "label": free_text(&token.label),
         });
         let chain = AuditChain::of(token.tenant.as_ref());
         AdminEvent::new(&chain, "admin.token_issued", actor, details)
@@ -215,7 +216,7 @@ impl AdminEvent {
             CredentialKind::Reference => json!({
                 "name": credential.name.as_str(),
                 "kind": credential.kind.as_str(),
-                "reference": credential.value,
+                "reference": free_text(&credential.value),
             }),
         };
         let chain = AuditChain::Tenant(credential.tenant.clone());
@@ -347,6 +348,13 @@ impl PreparedEvent {
             at: event.at.0,
         }
     }
+}
+
+/// Operator-typed text as an audit event keeps it: with anything credential-shaped replaced.
+fn free_text(text: &str) -> String {
+    toolgate_core::Redactor::new()
+        .redact_text(text)
+        .into_owned()
 }
 
 /// [`NewCall`] with its JSON encoded.

@@ -585,7 +585,8 @@ pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
 /// Ledger subcommands (work on the database directly, no server needed).
 #[derive(Debug, Subcommand)]
 pub(crate) enum LedgerCommand {
-    /// Checks every tenant's audit hash chain and reports the first broken event.
+    /// Checks every audit hash chain (each tenant's and the system chain) and reports the first
+    /// broken event.
     Verify {
         /// The ledger: a SQLite file or a postgres:// URL.
         #[arg(long, env = "TOOLGATE_DATABASE", default_value = "toolgate.db")]

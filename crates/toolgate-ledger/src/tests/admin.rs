@@ -680,6 +680,22 @@ fn check_system_problem(report: VerifyReport) {
     assert_eq!(report.chains_checked, 2);
 }
 
+on_both_backends! {
+    /// Operator-typed text (a token's label here) is kept in the event redacted, as every audit
+    /// payload is; the token row keeps what was typed.
+    async fn free_text_in_an_event_is_redacted(backend: Backend) {
+        let db = seeded(backend, 10).await;
+        let pasted = "xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx";
+        let mut record = token("tok_labelled", Role::Approver, Some("acme"), None);
+        record.label = format!("alice {pasted}");
+        db.store().create_token(record, &admin()).await.unwrap();
+        let (kind, payload) = chain(&db, backend, "acme").await.pop().unwrap();
+        assert_eq!(kind, "admin.token_issued");
+        let label = payload["label"].as_str().unwrap();
+        assert!(label.starts_with("alice ") && !label.contains(pasted), "{label}");
+    }
+}
+
 #[test]
 fn the_system_chain_id_is_no_tenant_id() {
     assert!(toolgate_core::TenantId::new(SYSTEM_CHAIN).is_err());
