@@ -119,10 +119,16 @@ impl OpKind {
 /// only from fields that are not secret: never a credential's value, never a token's secret
 /// or hash. Free text an operator typed (names, labels, references) passes through the
 /// redactor, like every other audit payload, in case a credential was pasted into it.
+///
+/// Boxed: every administrative operation carries one, and operations travel by value through
+/// the writer's queue.
 #[derive(Clone, Debug)]
-pub(crate) struct AdminEvent {
+pub(crate) struct AdminEvent(Box<AdminEventParts>);
+
+#[derive(Clone, Debug)]
+struct AdminEventParts {
     /// The chain id: the tenant's, or the system chain's for changes without a tenant.
-    pub(crate) chain: String,
+    chain: String,
     kind: &'static str,
     payload: Map<String, Value>,
     at: i64,
@@ -135,12 +141,17 @@ impl AdminEvent {
         if let Value::Object(details) = details {
             payload.extend(details);
         }
-        AdminEvent {
+        AdminEvent(Box::new(AdminEventParts {
             chain: chain.as_str().to_owned(),
             kind,
             payload,
             at: actor.at.0,
-        }
+        }))
+    }
+
+    /// The chain id: the tenant's, or the system chain's for changes without a tenant.
+    pub(crate) fn chain(&self) -> &str {
+        &self.0.chain
     }
 
     pub(crate) fn tenant_created(tenant: &Tenant, actor: &Actor) -> AdminEvent {
@@ -266,19 +277,19 @@ impl AdminEvent {
     /// The event as written.
     pub(crate) fn prepared(&self) -> PreparedEvent {
         PreparedEvent {
-            tenant: self.chain.clone(),
-            kind: self.kind.to_owned(),
+            tenant: self.0.chain.clone(),
+            kind: self.0.kind.to_owned(),
             run: None,
             tool_call_id: None,
-            payload: Value::Object(self.payload.clone()).to_string(),
-            at: self.at,
+            payload: Value::Object(self.0.payload.clone()).to_string(),
+            at: self.0.at,
         }
     }
 
     /// The event as written, with one more detail that only the transaction knows.
     pub(crate) fn prepared_with(&self, key: &str, value: Value) -> PreparedEvent {
         let mut event = self.clone();
-        event.payload.insert(key.to_owned(), value);
+        event.0.payload.insert(key.to_owned(), value);
         event.prepared()
     }
 }

@@ -589,7 +589,7 @@ fn chain_tenants(ops: &[OpKind]) -> Vec<String> {
             // by the batch itself).
             _ => {
                 if let Some(event) = op.admin_event() {
-                    tenants.insert(event.chain.clone());
+                    tenants.insert(event.chain().to_owned());
                 }
                 &[]
             }
