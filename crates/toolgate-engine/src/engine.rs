@@ -457,6 +457,7 @@ impl Engine {
                     duration_ms: 0,
                     attempts: call.attempts,
                     at: self.clock.now(),
+                    answer: None,
                     events: vec![event],
                 };
                 if self.store.finish_call(finish).await? {
@@ -545,6 +546,7 @@ impl Engine {
             risk_level: None,
             duration_ms: None,
             attempts: 0,
+            evaluation: 1,
             created_at: requested_at,
             updated_at: requested_at,
         };
@@ -1194,6 +1196,7 @@ impl Engine {
             duration_ms,
             attempts: i64::from(attempts),
             at: self.clock.now(),
+            answer: None,
             events: vec![self.event(call, kind, payload)],
         };
         let finished = self.store.finish_call(finish).await?;

@@ -373,7 +373,7 @@ impl Writer {
             OpKind::AppendEvents(events) => self.append_events_in_one_trip(events).await?,
             // Several statements and audit events: atomic in their own savepoint, with the
             // chain heads they move recorded for the commit.
-            OpKind::ResolvePending(_) | OpKind::AddPending(_) => {
+            OpKind::ResolvePending(_) | OpKind::AddPending(_) | OpKind::RetryCall { .. } => {
                 return self.step_by_step(op).await;
             }
             // Every other operation is one write statement, atomic by itself.
