@@ -383,3 +383,37 @@ async fn concurrent_repeats_of_a_refusal_execute_once(backend: Backend) {
     assert_eq!(succeeded, 1, "executed once");
 }
 on_both_ledgers!(concurrent_repeats_of_a_refusal_execute_once);
+
+async fn a_repeat_over_budget_is_refused_again_without_counting(backend: Backend) {
+    let h = harness(&backend).await;
+    let run = h.run(Some(1)).await;
+    h.call(&run, "testkit.noop", "{}").await;
+    let request = keyed(&h, &run, "testkit.noop", "{}", "toolu_b");
+    let over = h.engine.execute(request.clone()).await.unwrap();
+    assert_eq!(
+        over.error_code(),
+        Some(ErrorCode::BudgetExceeded),
+        "{over:?}"
+    );
+    let again = h.engine.execute(request).await.unwrap();
+    assert_eq!(
+        again.error_code(),
+        Some(ErrorCode::BudgetExceeded),
+        "{again:?}"
+    );
+    assert!(!again.replayed);
+    assert_eq!(again.tool_call_id, over.tool_call_id);
+    let row = h.ledger_row(&again).await;
+    assert_eq!((row.status, row.evaluation), (ToolCallStatus::Blocked, 2));
+    let run_record = h.engine.get_run(&h.tenant, &run).await.unwrap();
+    assert_eq!(run_record.calls_used, 1);
+    assert!(
+        h.store
+            .verify_chains()
+            .await
+            .unwrap()
+            .first_problem
+            .is_none()
+    );
+}
+on_both_ledgers!(a_repeat_over_budget_is_refused_again_without_counting);
