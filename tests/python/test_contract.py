@@ -150,3 +150,70 @@ def test_approval_outcome_reaches_a_watching_runtime(gateway, agent_token):
         pb.GetToolCallRequest(tool_call_id=continued.tool_call_id), metadata=bearer(agent_token)
     )
     assert call.status == pb.TOOL_CALL_STATUS_BLOCKED and call.error_code == "SKIPPED"
+
+
+def test_replay_and_await_give_the_full_answer_of_an_approved_call(gateway, agent_token):
+    """A runtime suspended on an approval collects the executed call's full result with
+    AwaitToolCall, and a replay of the same tool_use_id answers with it too."""
+    admin_auth = bearer(gateway.admin_token)
+    gateway.admin.PutPolicy(pb.PutPolicyRequest(tenant_id="acme", text=APPROVAL_POLICY), metadata=admin_auth)
+    approver_token = gateway.admin.CreateToken(
+        pb.CreateTokenRequest(role="approver", tenant_id="acme", label="bob"), metadata=admin_auth
+    ).token
+    approvals = rpc.ApprovalServiceStub(gateway.channel)
+    run = open_run(gateway, agent_token)
+    request = pb.ExecuteToolRequest(
+        run_id=run.run_id,
+        tool_name="testkit.transfer",
+        arguments_json=json.dumps({"amount": 7000, "region": "us-east-1", "account": "b"}),
+        tool_use_id="toolu_py_await",
+    )
+    waiting = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+    assert waiting.status == pb.TOOL_CALL_STATUS_WAITING_APPROVAL
+    replay = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+    assert replay.replayed and replay.pending_invocation_id == waiting.pending_invocation_id
+    assert replay.decision == "require_expert_approval"
+
+    early = gateway.agent.AwaitToolCall(
+        pb.AwaitToolCallRequest(tool_call_id=waiting.tool_call_id, timeout_ms=50), metadata=bearer(agent_token)
+    )
+    assert early.status == pb.TOOL_CALL_STATUS_WAITING_APPROVAL
+
+    approved = approvals.Resume(
+        pb.ResumeRequest(
+            run_id=run.run_id,
+            invocation_id=waiting.pending_invocation_id,
+            decision=pb.RESUME_DECISION_APPROVE,
+            reason="confirmed",
+        ),
+        metadata=bearer(approver_token),
+    )
+    assert approved.outcome == pb.RESUME_OUTCOME_EXECUTED
+    done = gateway.agent.AwaitToolCall(
+        pb.AwaitToolCallRequest(tool_call_id=waiting.tool_call_id, timeout_ms=30_000), metadata=bearer(agent_token)
+    )
+    assert done.status == pb.TOOL_CALL_STATUS_SUCCEEDED
+    assert json.loads(done.result_json) == {"transferred": 7000, "status": "done"}
+    assert not done.redacted
+    again = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+    assert again.replayed and again.result_json == done.result_json
+
+
+def test_a_refused_call_runs_when_repeated_after_the_fix(gateway, agent_token):
+    admin_auth = bearer(gateway.admin_token)
+    run = open_run(gateway, agent_token)
+    flag = lambda on: gateway.admin.SetFeatureFlag(  # noqa: E731
+        pb.SetFeatureFlagRequest(tenant_id="acme", flag="tool_calling_enabled", enabled=on), metadata=admin_auth
+    )
+    request = pb.ExecuteToolRequest(
+        run_id=run.run_id, tool_use_id="toolu_py_refused", tool_name="testkit.noop", arguments_json="{}"
+    )
+    flag(False)
+    try:
+        refused = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+        assert refused.error_code == "FEATURE_DISABLED"
+    finally:
+        flag(True)
+    ran = gateway.agent.ExecuteTool(request, metadata=bearer(agent_token))
+    assert ran.status == pb.TOOL_CALL_STATUS_SUCCEEDED and not ran.replayed
+    assert ran.tool_call_id == refused.tool_call_id

@@ -8,6 +8,7 @@ mod error;
 mod ids;
 pub mod redact;
 mod registry;
+mod seal;
 mod spec;
 
 #[cfg(feature = "testkit")]
@@ -23,4 +24,5 @@ pub use ids::{
 };
 pub use redact::Redactor;
 pub use registry::{RegisterError, ToolRegistry, UnknownTool};
+pub use seal::{SealError, Sealer};
 pub use spec::{Tag, ToolSpec};

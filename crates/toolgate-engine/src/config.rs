@@ -18,6 +18,9 @@ pub struct EngineConfig {
     pub cache_ttl: Duration,
     /// How long a pending invocation waits for a human before it resolves as rejected.
     pub pending_expiry: Duration,
+    /// How long each call's full answer is kept, sealed, for replays and for collecting the
+    /// outcome of an approved call; zero keeps none.
+    pub answer_retention: Duration,
 }
 
 impl Default for EngineConfig {
@@ -29,6 +32,7 @@ impl Default for EngineConfig {
             max_argument_bytes: 1024 * 1024,
             cache_ttl: Duration::from_secs(2),
             pending_expiry: Duration::from_secs(24 * 60 * 60),
+            answer_retention: Duration::from_secs(24 * 60 * 60),
         }
     }
 }

@@ -8,17 +8,17 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use toolgate_core::{
     AgentId, Clock, Connector, CorrelationId, Decision, ErrorCode, InvocationContext, Redactor,
-    RiskLevel, RunId, SecretError, SecretSource, Secrets, TenantId, Timestamp, ToolCallId,
+    RiskLevel, RunId, Sealer, SecretError, SecretSource, Secrets, TenantId, Timestamp, ToolCallId,
     ToolCallStatus, ToolError, ToolName, ToolSpec, ToolUseId,
 };
 use toolgate_ledger::{
     Actor, FinishCall, NewAuditEvent, NewCall, PendingInvocation, PendingOrigin, PendingState,
-    PolicyDecisionRecord, RecordOutcome, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED,
-    ToolCallRecord,
+    PolicyDecisionRecord, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED, ToolCallRecord,
 };
 use toolgate_policy::{CompiledPolicy, PolicyDecision, PolicyRequest};
 use tracing::{debug, warn};
 
+mod answers;
 mod resume;
 
 use crate::catalog::{Catalog, parse_llm_tool_name};
@@ -40,6 +40,9 @@ pub struct Engine {
     clock: Arc<dyn Clock>,
     redactor: Redactor,
     secrets: Option<Arc<dyn SecretSource>>,
+    /// Seals each call's full answer for replays; without one, replays get the ledger's
+    /// redacted copy.
+    sealer: Option<Arc<dyn Sealer>>,
     config: EngineConfig,
     default_policy: Arc<CompiledPolicy>,
     runs: RwLock<HashMap<(TenantId, RunId), Arc<RunRecord>>>,
@@ -83,6 +86,7 @@ impl Engine {
             clock,
             redactor: Redactor::new(),
             secrets: None,
+            sealer: None,
             config,
             default_policy: Arc::new(default_policy),
             runs: RwLock::new(HashMap::new()),
@@ -97,6 +101,14 @@ impl Engine {
     #[must_use]
     pub fn with_secrets(mut self, secrets: Arc<dyn SecretSource>) -> Engine {
         self.secrets = Some(secrets);
+        self
+    }
+
+    /// Sets what seals each call's full answer (the key ring), kept for replays for
+    /// `EngineConfig::answer_retention`.
+    #[must_use]
+    pub fn with_sealer(mut self, sealer: Arc<dyn Sealer>) -> Engine {
+        self.sealer = Some(sealer);
         self
     }
 
@@ -435,6 +447,7 @@ impl Engine {
                     duration_ms: 0,
                     attempts: call.attempts,
                     at: self.clock.now(),
+                    answer: None,
                     events: vec![event],
                 };
                 if self.store.finish_call(finish).await? {
@@ -523,6 +536,7 @@ impl Engine {
             risk_level: None,
             duration_ms: None,
             attempts: 0,
+            evaluation: 1,
             created_at: requested_at,
             updated_at: requested_at,
         };
@@ -724,7 +738,7 @@ impl Engine {
             pending: None,
             events: vec![requested],
         };
-        if let Some(answer) = self.record(new_call, &call).await? {
+        if let Some(answer) = self.record(new_call, &mut call).await? {
             return answer;
         }
 
@@ -959,22 +973,6 @@ impl Engine {
         }
     }
 
-    /// Writes a new call. `Some` carries the answer when the store recorded something other
-    /// than what was asked: the budget was used up, or the tool_use_id was seen before.
-    async fn record(
-        &self,
-        new_call: NewCall,
-        call: &ToolCallRecord,
-    ) -> Result<Option<Result<ExecuteOutcome, EngineError>>, EngineError> {
-        let recorded = self.store.record_call(new_call).await?;
-        self.announce_events();
-        Ok(match recorded {
-            RecordOutcome::Recorded => None,
-            RecordOutcome::BudgetExceeded(record) => Some(Ok(outcome_from_record(&record, false))),
-            RecordOutcome::Duplicate(existing) => Some(self.replay(call, existing)),
-        })
-    }
-
     /// A pending invocation bound to this exact call: tool, arguments (and their hash), the
     /// run's manifest and the policy version that decided.
     fn pending_for(
@@ -1047,7 +1045,7 @@ impl Engine {
             pending: denied.clone(),
             events: vec![requested, terminal],
         };
-        if let Some(answer) = self.record(new_call, &call).await? {
+        if let Some(answer) = self.record(new_call, &mut call).await? {
             return answer;
         }
         debug!(tool = %call.tool, code = %error.code, reason, "tool call refused");
@@ -1062,6 +1060,7 @@ impl Engine {
             risk: outcome_decision.map(|(_, r)| r),
             pending_invocation_id: denied.map(|pending| pending.id),
             replayed: false,
+            redacted: false,
         })
     }
 
@@ -1107,7 +1106,7 @@ impl Engine {
             pending: Some(pending),
             events: vec![requested, approval],
         };
-        if let Some(answer) = self.record(new_call, &call).await? {
+        if let Some(answer) = self.record(new_call, &mut call).await? {
             return answer;
         }
         let who = if decision.decision == Decision::RequireClientApproval {
@@ -1126,6 +1125,7 @@ impl Engine {
             risk: Some(decision.risk),
             pending_invocation_id: Some(pending_id),
             replayed: false,
+            redacted: false,
         })
         .inspect(|_| debug!(tool = %tool, approver = who, "tool call awaits approval"))
     }
@@ -1160,26 +1160,10 @@ impl Engine {
         }
         // Outputs lose personal data as well as secrets before they are stored.
         let output_redacted = result.as_ref().map(|r| self.redactor.redact_output_json(r));
-        let finish = FinishCall {
-            tenant: call.tenant.clone(),
-            id: call.id.clone(),
-            status,
-            output_redacted,
-            error_code: error.as_ref().map(|e| e.code),
-            error_text: error
-                .as_ref()
-                .map(|e| self.redactor.redact_output_text(&e.message).into_owned()),
-            duration_ms,
-            attempts: i64::from(attempts),
-            at: self.clock.now(),
-            events: vec![self.event(call, kind, payload)],
-        };
-        let finished = self.store.finish_call(finish).await?;
-        self.announce_events();
-        if !finished {
-            warn!(tool_call_id = %call.id, "call was no longer running when it finished; late result dropped");
-        }
-        Ok(ExecuteOutcome {
+        let error_text = error
+            .as_ref()
+            .map(|e| self.redactor.redact_output_text(&e.message).into_owned());
+        let outcome = ExecuteOutcome {
             tool_call_id: Some(call.id.clone()),
             status,
             result,
@@ -1190,7 +1174,27 @@ impl Engine {
             risk: Some(verdict.1),
             pending_invocation_id: None,
             replayed: false,
-        })
+            redacted: false,
+        };
+        let finish = FinishCall {
+            tenant: call.tenant.clone(),
+            id: call.id.clone(),
+            status,
+            output_redacted,
+            error_code: outcome.error_code(),
+            error_text,
+            duration_ms,
+            attempts: i64::from(attempts),
+            at: self.clock.now(),
+            answer: self.seal_answer(call, &outcome),
+            events: vec![self.event(call, kind, payload)],
+        };
+        let finished = self.store.finish_call(finish).await?;
+        self.announce_events();
+        if !finished {
+            warn!(tool_call_id = %call.id, "call was no longer running when it finished; late result dropped");
+        }
+        Ok(outcome)
     }
 
     async fn resolve_secrets(
@@ -1208,32 +1212,6 @@ impl Engine {
                 reason: "this gateway has no credential store configured".to_owned(),
             }),
         }
-    }
-
-    /// The answer to a repeated `tool_use_id`: the recorded outcome when it is the same call,
-    /// an error when the tool or arguments differ.
-    fn replay(
-        &self,
-        attempted: &ToolCallRecord,
-        existing: ToolCallRecord,
-    ) -> Result<ExecuteOutcome, EngineError> {
-        let use_id = attempted
-            .tool_use_id
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        if existing.tool != attempted.tool {
-            return Err(EngineError::Conflict(format!(
-                "tool_use_id `{use_id}` was already used in this run for tool `{}`, not `{}`; use a new tool_use_id for a new call",
-                existing.tool, attempted.tool
-            )));
-        }
-        if existing.args_hash != attempted.args_hash {
-            return Err(EngineError::Conflict(format!(
-                "tool_use_id `{use_id}` was already used in this run with different arguments; use a new tool_use_id for a new call"
-            )));
-        }
-        Ok(outcome_from_record(&existing, true))
     }
 
     /// Audits a request refused before a call row could exist (malformed ids, unknown run).
@@ -1336,5 +1314,6 @@ fn outcome_from_record(record: &ToolCallRecord, replayed: bool) -> ExecuteOutcom
         risk: record.risk_level,
         pending_invocation_id: None,
         replayed,
+        redacted: false,
     }
 }

@@ -49,8 +49,8 @@ pub struct ExecuteOutcome {
     pub tool_call_id: Option<ToolCallId>,
     /// Where the call stands.
     pub status: ToolCallStatus,
-    /// The full, unredacted result on success. For a replayed call, the ledger's (redacted)
-    /// copy, since the full result is never stored.
+    /// The full, unredacted result on success (also on a replay, while the sealed answer is
+    /// kept; after that the ledger's redacted copy, and `redacted` says so).
     pub result: Option<Value>,
     /// Why it did not succeed.
     pub error: Option<ToolError>,
@@ -66,6 +66,9 @@ pub struct ExecuteOutcome {
     pub pending_invocation_id: Option<String>,
     /// Whether this repeats an earlier call with the same tool_use_id.
     pub replayed: bool,
+    /// Whether `result` and the error message are the ledger's redacted copy rather than the
+    /// answer itself (its sealed copy's retention has ended).
+    pub redacted: bool,
 }
 
 impl ExecuteOutcome {

@@ -3,6 +3,7 @@
 //! (`ledgers.rs` says where the server comes from); a few PostgreSQL-only tests cover what
 //! only a shared database has (replicas).
 
+mod answers;
 mod ledgers;
 
 use std::sync::Arc;
@@ -10,8 +11,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolgate_core::{
-    AgentId, Connector, ErrorCode, RunId, SecretError, SecretName, SecretSource, SecretValue,
-    Secrets, SystemClock, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName, ToolRegistry,
+    AgentId, Connector, Decision, ErrorCode, RunId, SecretError, SecretName, SecretSource,
+    SecretValue, Secrets, SystemClock, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName,
+    ToolRegistry,
 };
 use toolgate_ledger::{
     Actor, Agent, Permission, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED, Tenant,
@@ -138,6 +140,8 @@ async fn open_harness(
     if let Some(source) = &secrets {
         engine = engine.with_secrets(Arc::clone(source));
     }
+    // Every restart and replica of a harness seals and opens with the same master key.
+    engine = engine.with_sealer(test_key_ring());
     Harness {
         engine,
         store,
@@ -149,6 +153,18 @@ async fn open_harness(
         config,
         secrets,
     }
+}
+
+/// The master key ring of every test ledger (one key, fixed for the test binary's life).
+fn test_key_ring() -> Arc<dyn toolgate_core::Sealer> {
+    static RING: std::sync::OnceLock<Arc<toolgate_secrets::KeyRing>> = std::sync::OnceLock::new();
+    let ring = RING.get_or_init(|| {
+        let key = toolgate_secrets::KeyRing::generate_key();
+        Arc::new(
+            toolgate_secrets::KeyRing::from_entries(vec![("k1".into(), key.to_string())]).unwrap(),
+        )
+    });
+    Arc::clone(ring) as Arc<dyn toolgate_core::Sealer>
 }
 
 impl Harness {

@@ -197,6 +197,9 @@ pub struct ToolCallRecord {
     pub duration_ms: Option<i64>,
     /// Vendor attempts (retries included).
     pub attempts: i64,
+    /// How many times the pipeline evaluated this call: 1, plus one for each repeat of its
+    /// `tool_use_id` that evaluated a refusal again.
+    pub evaluation: i64,
     /// When the call was requested.
     pub created_at: Timestamp,
     /// When the record last changed.
@@ -542,8 +545,20 @@ pub struct FinishCall {
     pub attempts: i64,
     /// When it finished.
     pub at: Timestamp,
+    /// The full answer, sealed, kept for replays until it expires.
+    pub answer: Option<SealedAnswer>,
     /// Audit events to append in the same transaction.
     pub events: Vec<NewAuditEvent>,
+}
+
+/// A call's full answer as the ledger keeps it: a ciphertext only the key ring opens (the
+/// ledger never sees the plaintext), and when it is purged.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SealedAnswer {
+    /// The sealed answer.
+    pub sealed: String,
+    /// When the retention ends; the purge removes it then.
+    pub expires_at: Timestamp,
 }
 
 /// The result of checking every tenant's audit chain.

@@ -65,7 +65,16 @@ pub(crate) enum OpKind {
         manifest: String,
     },
     RecordCall(Box<PreparedCall>),
+    /// `Store::retry_call`: the call row is rewritten only at the observed evaluation.
+    RetryCall {
+        prepared: Box<PreparedCall>,
+        observed_evaluation: i64,
+    },
     FinishCall(Box<PreparedFinish>),
+    PurgeAnswers {
+        now: Timestamp,
+        limit: u32,
+    },
     AppendEvents(Vec<PreparedEvent>),
     PutCredential(Box<(CredentialRecord, AdminEvent)>),
     ResolvePending(Box<(ResolvePending, Vec<PreparedEvent>)>),
@@ -106,6 +115,8 @@ impl OpKind {
             OpKind::PutCredential(credential) => Some(&credential.1),
             OpKind::CreateRun { .. }
             | OpKind::RecordCall(_)
+            | OpKind::RetryCall { .. }
+            | OpKind::PurgeAnswers { .. }
             | OpKind::FinishCall(_)
             | OpKind::AppendEvents(_)
             | OpKind::ResolvePending(_)
@@ -301,6 +312,7 @@ pub(crate) enum Reply {
     Version(i64),
     Recorded(Box<RecordOutcome>),
     Finished(bool),
+    Count(u64),
 }
 
 impl Reply {
@@ -321,6 +333,13 @@ impl Reply {
     pub(crate) fn recorded(self) -> Result<RecordOutcome, LedgerError> {
         match self {
             Reply::Recorded(outcome) => Ok(*outcome),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn count(self) -> Result<u64, LedgerError> {
+        match self {
+            Reply::Count(count) => Ok(count),
             other => Err(unexpected(&other)),
         }
     }
@@ -431,6 +450,8 @@ impl PreparedPending {
 pub(crate) struct PreparedFinish {
     pub(crate) finish: FinishCall,
     pub(crate) output: Option<String>,
+    pub(crate) answer: Option<String>,
+    pub(crate) answer_expires_at: Option<i64>,
     pub(crate) events: Vec<PreparedEvent>,
 }
 
@@ -442,6 +463,8 @@ impl PreparedFinish {
             .collect();
         PreparedFinish {
             output: finish.output_redacted.as_ref().map(ToString::to_string),
+            answer: finish.answer.as_ref().map(|answer| answer.sealed.clone()),
+            answer_expires_at: finish.answer.as_ref().map(|answer| answer.expires_at.0),
             finish,
             events,
         }

@@ -48,17 +48,17 @@ use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
     PendingFilter, PendingInvocation, Permission, PolicySetRecord, RecordOutcome, ResolvePending,
-    RunRecord, SYSTEM_CHAIN, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    RunRecord, SYSTEM_CHAIN, SealedAnswer, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
 };
 use crate::ops::{
     AdminEvent, Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending,
     Reply, WriteOp,
 };
 use crate::rows::{
-    agent_from_row, call_columns, call_from_row, credential_columns, credential_from_row,
-    event_columns, event_from_row, manifest_json, pending_columns, pending_from_row,
-    permission_from_row, policy_set_from_row, read_error, run_from_row, tenant_from_row,
-    token_from_row,
+    agent_from_row, answer_from_row, call_columns, call_from_row, credential_columns,
+    credential_from_row, event_columns, event_from_row, manifest_json, pending_columns,
+    pending_from_row, permission_from_row, policy_set_from_row, read_error, run_from_row,
+    tenant_from_row, token_from_row,
 };
 use crate::sqlite::WriterStats;
 use crate::store::Store;
@@ -658,9 +658,65 @@ impl Store for PgStore {
         self.submit(OpKind::RecordCall(prepared)).await?.recorded()
     }
 
+    async fn retry_call(
+        &self,
+        call: NewCall,
+        observed_evaluation: i64,
+    ) -> Result<RecordOutcome, LedgerError> {
+        let prepared = Box::new(PreparedCall::new(call));
+        self.submit(OpKind::RetryCall {
+            prepared,
+            observed_evaluation,
+        })
+        .await?
+        .recorded()
+    }
+
     async fn finish_call(&self, finish: FinishCall) -> Result<bool, LedgerError> {
         let prepared = Box::new(PreparedFinish::new(finish));
         self.submit(OpKind::FinishCall(prepared)).await?.finished()
+    }
+
+    async fn get_call_answer(
+        &self,
+        tenant: &TenantId,
+        id: &ToolCallId,
+    ) -> Result<Option<SealedAnswer>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT answer_sealed, answer_expires_at FROM tool_calls \
+             WHERE tenant = $1 AND id = $2 AND answer_sealed IS NOT NULL",
+        )
+        .bind(tenant.as_str())
+        .bind(id.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(answer_from_row).transpose()
+    }
+
+    async fn purge_answers(&self, now: Timestamp, limit: u32) -> Result<u64, LedgerError> {
+        self.submit(OpKind::PurgeAnswers { now, limit })
+            .await?
+            .count()
+    }
+
+    async fn pending_for_call(
+        &self,
+        tenant: &TenantId,
+        call: &ToolCallId,
+    ) -> Result<Option<PendingInvocation>, LedgerError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE tenant = $1 AND tool_call_id = $2 \
+             ORDER BY created_at DESC, id DESC LIMIT 1"
+        ))
+        .bind(tenant.as_str())
+        .bind(call.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(read_error)?;
+        row.as_ref().map(pending_from_row).transpose()
     }
 
     async fn get_tool_call(

@@ -14,8 +14,8 @@ use toolgate_core::{RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName
 use crate::error::LedgerError;
 use crate::model::{
     Agent, AuditEvent, CredentialKind, CredentialRecord, PendingInvocation, PendingOrigin,
-    PendingState, Permission, PolicySetRecord, Role, RunRecord, RunStatus, Tenant, TokenRecord,
-    ToolCallRecord,
+    PendingState, Permission, PolicySetRecord, Role, RunRecord, RunStatus, SealedAnswer, Tenant,
+    TokenRecord, ToolCallRecord,
 };
 
 /// The columns [`call_from_row`] reads, for `concat!` into queries.
@@ -23,7 +23,7 @@ macro_rules! call_columns {
     () => {
         "id, tenant, run, agent, tool, action, tool_use_id, correlation_id, status, args_hash, \
          input_redacted, output_redacted, error_code, error_text, policy_decision_id, \
-         risk_level, duration_ms, attempts, created_at, updated_at"
+         risk_level, duration_ms, attempts, evaluation, created_at, updated_at"
     };
 }
 pub(crate) use call_columns;
@@ -339,8 +339,17 @@ pub(crate) fn call_from_row(row: &impl SqlRow) -> Result<ToolCallRecord, LedgerE
         risk_level: parse_optional(row, "risk_level")?,
         duration_ms: row.int_opt("duration_ms")?,
         attempts: row.int("attempts")?,
+        evaluation: row.int("evaluation")?,
         created_at: timestamp(row, "created_at")?,
         updated_at: timestamp(row, "updated_at")?,
+    })
+}
+
+/// A sealed answer (`answer_sealed`, `answer_expires_at`).
+pub(crate) fn answer_from_row(row: &impl SqlRow) -> Result<SealedAnswer, LedgerError> {
+    Ok(SealedAnswer {
+        sealed: row.text("answer_sealed")?,
+        expires_at: timestamp(row, "answer_expires_at")?,
     })
 }
 

@@ -8,8 +8,8 @@ use toolgate_core::{
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
-    Permission, PolicySetRecord, RecordOutcome, RunRecord, Tenant, TokenRecord, ToolCallRecord,
-    VerifyReport,
+    Permission, PolicySetRecord, RecordOutcome, RunRecord, SealedAnswer, Tenant, TokenRecord,
+    ToolCallRecord, VerifyReport,
 };
 use crate::model::{PendingFilter, PendingInvocation, ResolvePending};
 
@@ -114,9 +114,30 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Records a new call with its decision, pending invocation and audit events atomically,
     /// enforcing the run's budget and the `(run, tool_use_id)` idempotency key.
     async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError>;
+    /// Evaluates a refused call again, for a repeat of its `tool_use_id`: `call.call.id` names
+    /// the existing call, whose row is rewritten with the new evaluation (its `evaluation`
+    /// goes up by one) only if it is still the refusal observed at `observed_evaluation`
+    /// (status `blocked` or `failed`); a POLICY_DENIED pending invocation the earlier
+    /// evaluation left open is resolved as superseded. Everything else is as in
+    /// [`Store::record_call`], atomically. `Duplicate` carries the call as it now stands when
+    /// another evaluation got there first (nothing is written).
+    async fn retry_call(
+        &self,
+        call: NewCall,
+        observed_evaluation: i64,
+    ) -> Result<RecordOutcome, LedgerError>;
     /// Moves a `running` call to its terminal status and appends its audit events. Returns
     /// false (and writes nothing) when the call was not `running`.
     async fn finish_call(&self, finish: FinishCall) -> Result<bool, LedgerError>;
+    /// The sealed full answer of a call of `tenant`, while it is kept.
+    async fn get_call_answer(
+        &self,
+        tenant: &TenantId,
+        id: &ToolCallId,
+    ) -> Result<Option<SealedAnswer>, LedgerError>;
+    /// Removes sealed answers whose retention ended at or before `now`, at most `limit`;
+    /// returns how many it removed.
+    async fn purge_answers(&self, now: Timestamp, limit: u32) -> Result<u64, LedgerError>;
     /// One call of a tenant.
     async fn get_tool_call(
         &self,
@@ -154,6 +175,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         filter: &PendingFilter,
         limit: u32,
     ) -> Result<Vec<PendingInvocation>, LedgerError>;
+    /// The newest pending invocation of a call, in whatever state.
+    async fn pending_for_call(
+        &self,
+        tenant: &TenantId,
+        call: &ToolCallId,
+    ) -> Result<Option<PendingInvocation>, LedgerError>;
     /// One pending invocation of a tenant, in whatever state.
     async fn get_pending(
         &self,

@@ -177,27 +177,14 @@ impl KeyRing {
 
     /// Seals `plaintext` for `(tenant, name)` under the active key.
     pub fn seal(&self, tenant: &TenantId, name: &SecretName, plaintext: &str) -> SealedSecret {
-        let key = &self.keys[&self.active];
-        let cipher = Aes256Gcm::new(&Key::<Aes256Gcm>::from(**key));
-        let mut nonce_bytes = [0u8; NONCE_LEN];
-        rand::rng().fill_bytes(&mut nonce_bytes);
-        let nonce = Nonce::from(nonce_bytes);
-        let aad = associated_data(tenant, name, &self.active);
-        let sealed = cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: plaintext.as_bytes(),
-                    aad: &aad,
-                },
-            )
-            .expect("AES-GCM encryption of an in-memory buffer cannot fail");
-        let mut blob = Vec::with_capacity(NONCE_LEN + sealed.len());
-        blob.extend_from_slice(&nonce_bytes);
-        blob.extend_from_slice(&sealed);
+        let ciphertext = self.seal_parts(
+            AAD_LABEL,
+            &[tenant.as_str(), name.as_str()],
+            plaintext.as_bytes(),
+        );
         SealedSecret {
             key_id: self.active.clone(),
-            ciphertext: format!("{PREFIX}.{}.{}", self.active, STANDARD.encode(blob)),
+            ciphertext,
         }
     }
 
@@ -211,38 +198,77 @@ impl KeyRing {
         let decrypt_error = || SecretsError::Decrypt {
             name: name.to_string(),
         };
-        let mut parts = ciphertext.splitn(3, '.');
+        let plaintext = self
+            .open_parts(AAD_LABEL, &[tenant.as_str(), name.as_str()], ciphertext)
+            .map_err(|failure| match failure {
+                OpenFailure::UnknownKey(id) => SecretsError::UnknownKey(id),
+                OpenFailure::Invalid => decrypt_error(),
+            })?;
+        let text = std::str::from_utf8(&plaintext).map_err(|_| decrypt_error())?;
+        Ok(SecretValue::new(text))
+    }
+
+    /// Seals `plaintext` under the active key with the associated data
+    /// `label ‖ parts… ‖ key id` (NUL-separated).
+    fn seal_parts(&self, label: &[u8], parts: &[&str], plaintext: &[u8]) -> String {
+        let key = &self.keys[&self.active];
+        let cipher = Aes256Gcm::new(&Key::<Aes256Gcm>::from(**key));
+        let mut nonce_bytes = [0u8; NONCE_LEN];
+        rand::rng().fill_bytes(&mut nonce_bytes);
+        let nonce = Nonce::from(nonce_bytes);
+        let aad = associated_data(label, parts, &self.active);
+        let sealed = cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: plaintext,
+                    aad: &aad,
+                },
+            )
+            .expect("AES-GCM encryption of an in-memory buffer cannot fail");
+        let mut blob = Vec::with_capacity(NONCE_LEN + sealed.len());
+        blob.extend_from_slice(&nonce_bytes);
+        blob.extend_from_slice(&sealed);
+        format!("{PREFIX}.{}.{}", self.active, STANDARD.encode(blob))
+    }
+
+    /// Opens what [`KeyRing::seal_parts`] sealed with the same label and parts.
+    fn open_parts(
+        &self,
+        label: &[u8],
+        parts: &[&str],
+        ciphertext: &str,
+    ) -> Result<Zeroizing<Vec<u8>>, OpenFailure> {
+        let mut fields = ciphertext.splitn(3, '.');
         let (Some(PREFIX), Some(key_id), Some(encoded)) =
-            (parts.next(), parts.next(), parts.next())
+            (fields.next(), fields.next(), fields.next())
         else {
-            return Err(decrypt_error());
+            return Err(OpenFailure::Invalid);
         };
-        let key_id = KeyId::new(key_id).map_err(|_| decrypt_error())?;
+        let key_id = KeyId::new(key_id).map_err(|_| OpenFailure::Invalid)?;
         let key = self
             .keys
             .get(&key_id)
-            .ok_or_else(|| SecretsError::UnknownKey(key_id.to_string()))?;
-        let blob = STANDARD.decode(encoded).map_err(|_| decrypt_error())?;
+            .ok_or_else(|| OpenFailure::UnknownKey(key_id.to_string()))?;
+        let blob = STANDARD.decode(encoded).map_err(|_| OpenFailure::Invalid)?;
         if blob.len() < NONCE_LEN + TAG_LEN {
-            return Err(decrypt_error());
+            return Err(OpenFailure::Invalid);
         }
         let (nonce_bytes, sealed) = blob.split_at(NONCE_LEN);
-        let nonce_array: [u8; NONCE_LEN] = nonce_bytes.try_into().map_err(|_| decrypt_error())?;
+        let nonce_array: [u8; NONCE_LEN] =
+            nonce_bytes.try_into().map_err(|_| OpenFailure::Invalid)?;
         let cipher = Aes256Gcm::new(&Key::<Aes256Gcm>::from(**key));
-        let aad = associated_data(tenant, name, &key_id);
-        let plaintext = Zeroizing::new(
-            cipher
-                .decrypt(
-                    &Nonce::from(nonce_array),
-                    Payload {
-                        msg: sealed,
-                        aad: &aad,
-                    },
-                )
-                .map_err(|_| decrypt_error())?,
-        );
-        let text = std::str::from_utf8(&plaintext).map_err(|_| decrypt_error())?;
-        Ok(SecretValue::new(text))
+        let aad = associated_data(label, parts, &key_id);
+        cipher
+            .decrypt(
+                &Nonce::from(nonce_array),
+                Payload {
+                    msg: sealed,
+                    aad: &aad,
+                },
+            )
+            .map(Zeroizing::new)
+            .map_err(|_| OpenFailure::Invalid)
     }
 
     /// Re-seals under the active key; `None` when it already is.
@@ -280,18 +306,44 @@ fn decode_key(id: &KeyId, encoded: &str) -> Result<Zeroizing<[u8; 32]>, SecretsE
     Ok(Zeroizing::new(array))
 }
 
-fn associated_data(tenant: &TenantId, name: &SecretName, key_id: &KeyId) -> Vec<u8> {
+fn associated_data(label: &[u8], parts: &[&str], key_id: &KeyId) -> Vec<u8> {
     let mut aad = Vec::with_capacity(64);
-    for part in [
-        AAD_LABEL,
-        tenant.as_str().as_bytes(),
-        name.as_str().as_bytes(),
-        key_id.as_str().as_bytes(),
-    ] {
-        aad.extend_from_slice(part);
+    aad.extend_from_slice(label);
+    aad.push(0);
+    for part in parts.iter().chain([&key_id.as_str()]) {
+        aad.extend_from_slice(part.as_bytes());
         aad.push(0);
     }
     aad
+}
+
+/// Why [`KeyRing::open_parts`] failed.
+enum OpenFailure {
+    UnknownKey(String),
+    Invalid,
+}
+
+/// Sealing of values other than credentials (a call's full answer): the associated data
+/// starts with its own label, so a credential's ciphertext never opens as one of these, nor
+/// the other way round.
+const RECORD_LABEL: &[u8] = b"toolgate-record-v1";
+
+impl toolgate_core::Sealer for KeyRing {
+    fn seal(&self, context: &[&str], plaintext: &[u8]) -> String {
+        self.seal_parts(RECORD_LABEL, context, plaintext)
+    }
+
+    fn open(
+        &self,
+        context: &[&str],
+        sealed: &str,
+    ) -> Result<Zeroizing<Vec<u8>>, toolgate_core::SealError> {
+        self.open_parts(RECORD_LABEL, context, sealed)
+            .map_err(|failure| match failure {
+                OpenFailure::UnknownKey(id) => toolgate_core::SealError::UnknownKey(id),
+                OpenFailure::Invalid => toolgate_core::SealError::Invalid,
+            })
+    }
 }
 
 #[cfg(test)]
@@ -313,6 +365,44 @@ mod tests {
             SecretName::new("slack_default").unwrap(),
             SecretName::new("shopify_default").unwrap(),
         )
+    }
+
+    #[test]
+    fn records_open_only_for_their_own_context() {
+        use toolgate_core::{SealError, Sealer};
+        let keys = ring(&["k1"]);
+        let ring = &keys;
+        let sealed = Sealer::seal(ring, &["acme", "tc_1"], b"{\"ok\":true}");
+        assert!(sealed.starts_with("tgs1.k1."), "{sealed}");
+        let opened = Sealer::open(ring, &["acme", "tc_1"], &sealed).unwrap();
+        assert_eq!(opened.as_slice(), b"{\"ok\":true}");
+        for context in [
+            &["globex", "tc_1"][..],
+            &["acme", "tc_2"],
+            &["acme"],
+            &["acmetc_1"],
+        ] {
+            assert_eq!(
+                Sealer::open(ring, context, &sealed),
+                Err(SealError::Invalid)
+            );
+        }
+        // A credential's ciphertext is not a record, even with the same parts.
+        let (tenant, _, name, _) = ids();
+        let credential = ring.seal(&tenant, &name, "xoxb-1");
+        assert_eq!(
+            Sealer::open(
+                ring,
+                &[tenant.as_str(), name.as_str()],
+                &credential.ciphertext
+            ),
+            Err(SealError::Invalid)
+        );
+        let other = super::tests::ring(&["k2"]);
+        assert_eq!(
+            Sealer::open(&other, &["acme", "tc_1"], &sealed),
+            Err(SealError::UnknownKey("k1".into()))
+        );
     }
 
     #[test]

@@ -169,6 +169,21 @@ impl Vault {
     }
 }
 
+/// Seals with whatever key ring is current, so sealing follows online rotation.
+impl toolgate_core::Sealer for Vault {
+    fn seal(&self, context: &[&str], plaintext: &[u8]) -> String {
+        toolgate_core::Sealer::seal(self.key_ring().as_ref(), context, plaintext)
+    }
+
+    fn open(
+        &self,
+        context: &[&str],
+        sealed: &str,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, toolgate_core::SealError> {
+        toolgate_core::Sealer::open(self.key_ring().as_ref(), context, sealed)
+    }
+}
+
 #[async_trait::async_trait]
 impl SecretSource for Vault {
     async fn resolve(

@@ -99,6 +99,7 @@ struct RawEngine {
     max_argument_bytes: Option<usize>,
     cache_ttl_ms: Option<u64>,
     pending_expiry_ms: Option<u64>,
+    answer_retention_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -126,6 +127,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_MAX_TIMEOUT_MS", "engine.max_timeout_ms"),
     ("TOOLGATE_DEFAULT_MAX_CALLS", "engine.default_max_calls"),
     ("TOOLGATE_MAX_ARGUMENT_BYTES", "engine.max_argument_bytes"),
+    ("TOOLGATE_ANSWER_RETENTION_MS", "engine.answer_retention_ms"),
     ("TOOLGATE_DISABLED_CONNECTORS", "connectors.disabled"),
     ("TOOLGATE_KEY_FILE", "secrets.key_file"),
 ];
@@ -193,6 +195,9 @@ impl Config {
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
                 "secrets.key_file" => raw.secrets.key_file = Some(value.clone()),
                 "engine.max_timeout_ms" => raw.engine.max_timeout_ms = Some(number(value)?),
+                "engine.answer_retention_ms" => {
+                    raw.engine.answer_retention_ms = Some(number(value)?);
+                }
                 "engine.default_max_calls" => {
                     raw.engine.default_max_calls = Some(
                         u32::try_from(number(value)?)
@@ -263,6 +268,10 @@ impl Config {
                 .engine
                 .pending_expiry_ms
                 .map_or(defaults.pending_expiry, Duration::from_millis),
+            answer_retention: raw
+                .engine
+                .answer_retention_ms
+                .map_or(defaults.answer_retention, Duration::from_millis),
         };
         if engine.max_timeout.is_zero() {
             return Err("engine.max_timeout_ms must be greater than 0".to_owned());

@@ -120,6 +120,7 @@ pub(crate) fn outcome(outcome: ExecuteOutcome) -> pb::ToolCallResult {
             .unwrap_or_default(),
         pending_invocation_id: outcome.pending_invocation_id.unwrap_or_default(),
         replayed: outcome.replayed,
+        redacted: outcome.redacted,
     }
 }
 

@@ -131,7 +131,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         Arc::clone(&clock),
         config.engine.clone(),
     )?
-    .with_secrets(Arc::clone(&vault) as Arc<dyn SecretSource>);
+    .with_secrets(Arc::clone(&vault) as Arc<dyn SecretSource>)
+    // Full answers kept for replays are sealed with the same key ring as credentials.
+    .with_sealer(Arc::clone(&vault) as Arc<dyn toolgate_core::Sealer>);
     let config_vault = Arc::clone(&vault);
     let key_manager = Arc::new(keys::KeyManager::new(
         &config.key_file,
@@ -287,7 +289,8 @@ async fn forget_on_config_change(
     }
 }
 
-/// How often expired pending invocations and calls of dead replicas are looked for.
+/// How often expired pending invocations, sealed answers past their retention and calls of
+/// dead replicas are looked for (the first sweep runs at start-up).
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 async fn sweep_loop(engine: Arc<Engine>) {
@@ -299,6 +302,11 @@ async fn sweep_loop(engine: Arc<Engine>) {
             Ok(0) => {}
             Ok(expired) => info!(expired, "expired pending invocations resolved as rejected"),
             Err(error) => warn!(%error, "expiring pending invocations failed"),
+        }
+        match engine.purge_expired_answers().await {
+            Ok(0) => {}
+            Ok(purged) => info!(purged, "sealed answers past their retention removed"),
+            Err(error) => warn!(%error, "purging sealed answers failed"),
         }
         // Only calls whose process is gone are listed, so this never touches a live call.
         match engine.recover_interrupted_calls().await {

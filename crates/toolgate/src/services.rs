@@ -232,6 +232,28 @@ impl AgentService for AgentApi {
         Ok(Response::new(convert::outcome(outcome)))
     }
 
+    async fn await_tool_call(
+        &self,
+        request: Request<pb::AwaitToolCallRequest>,
+    ) -> Result<Response<pb::ToolCallResult>, Status> {
+        let caller = self.0.auth.require(&request, Role::Agent).await?;
+        let (tenant, agent) = agent_scope(&caller)?;
+        let body = request.into_inner();
+        let id = parse_id("tool_call_id", &body.tool_call_id, ToolCallId::new)?;
+        let outcome = self
+            .0
+            .engine
+            .await_tool_call(
+                &tenant,
+                agent.as_ref(),
+                &id,
+                Duration::from_millis(body.timeout_ms),
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::outcome(outcome)))
+    }
+
     async fn get_tool_call(
         &self,
         request: Request<pb::GetToolCallRequest>,

@@ -67,6 +67,7 @@ impl Echo {
                 risk_level: "low".to_owned(),
                 pending_invocation_id: String::new(),
                 replayed: false,
+                redacted: false,
             },
         }
     }
@@ -115,6 +116,15 @@ impl AgentService for Echo {
         &self,
         _request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        Err(Status::unimplemented(
+            "the echo server only answers ExecuteTool",
+        ))
+    }
+
+    async fn await_tool_call(
+        &self,
+        _request: Request<pb::AwaitToolCallRequest>,
+    ) -> Result<Response<pb::ToolCallResult>, Status> {
         Err(Status::unimplemented(
             "the echo server only answers ExecuteTool",
         ))

@@ -212,7 +212,28 @@ impl Steps<'_> {
                 .record_call(call)
                 .await
                 .map(|outcome| Reply::Recorded(Box::new(outcome))),
+            OpKind::RetryCall {
+                prepared,
+                observed_evaluation,
+            } => self
+                .retry_call(prepared, *observed_evaluation)
+                .await
+                .map(|outcome| Reply::Recorded(Box::new(outcome))),
             OpKind::FinishCall(finish) => self.finish_call(finish).await.map(Reply::Finished),
+            OpKind::PurgeAnswers { now, limit } => {
+                let purge = sqlx::query(
+                    "UPDATE tool_calls SET answer_sealed = NULL, answer_expires_at = NULL \
+                     WHERE id IN (SELECT id FROM tool_calls WHERE answer_sealed IS NOT NULL \
+                     AND answer_expires_at <= $1 ORDER BY answer_expires_at LIMIT $2)",
+                )
+                .bind(now.0)
+                .bind(i64::from(*limit));
+                let purged = self
+                    .write(purge)
+                    .await
+                    .map_err(|error| unexpected(&error))?;
+                Ok(Reply::Count(purged))
+            }
             OpKind::AppendEvents(events) => {
                 for event in events {
                     self.append(event).await?;
@@ -497,7 +518,109 @@ impl Steps<'_> {
         if !inserted {
             return self.duplicate(call).await;
         }
+        self.record_call_rest(prepared).await
+    }
 
+    /// See `Store::retry_call`: the existing call row is rewritten only while it is still the
+    /// refusal observed (and becomes this instance's call), then everything else goes in as
+    /// for a new call.
+    async fn retry_call(
+        &mut self,
+        prepared: &PreparedCall,
+        observed_evaluation: i64,
+    ) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
+        let update = sqlx::query(
+            "UPDATE tool_calls SET tool = $1, action = $2, correlation_id = $3, status = $4, \
+             args_hash = $5, input_redacted = $6, output_redacted = $7, error_code = $8, \
+             error_text = $9, policy_decision_id = $10, risk_level = $11, duration_ms = $12, \
+             attempts = $13, updated_at = $14, answer_sealed = NULL, answer_expires_at = NULL, \
+             evaluation = evaluation + 1, owner = $15 \
+             WHERE id = $16 AND tenant = $17 AND run = $18 AND evaluation = $19 \
+             AND status IN ('blocked', 'failed')",
+        )
+        .bind(call.tool.clone())
+        .bind(call.action.clone())
+        .bind(call.correlation_id.as_str().to_owned())
+        .bind(call.status.as_str())
+        .bind(call.args_hash.clone())
+        .bind(prepared.input.clone())
+        .bind(prepared.output.clone())
+        .bind(call.error_code.map(|code| code.as_str()))
+        .bind(call.error_text.clone())
+        .bind(call.policy_decision_id.clone())
+        .bind(call.risk_level.map(|risk| risk.as_str()))
+        .bind(call.duration_ms)
+        .bind(call.attempts)
+        .bind(call.updated_at.0)
+        .bind(self.instance)
+        .bind(call.id.as_str().to_owned())
+        .bind(call.tenant.as_str().to_owned())
+        .bind(call.run.as_str().to_owned())
+        .bind(observed_evaluation);
+        let changed = self
+            .write(update)
+            .await
+            .map_err(|error| unexpected(&error))?;
+        if changed == 0 {
+            // Another evaluation (or an execution) got there first: answer with the call as
+            // it now stands.
+            let current = sqlx::query(concat!(
+                "SELECT ",
+                call_columns!(),
+                " FROM tool_calls WHERE id = $1 AND tenant = $2"
+            ))
+            .bind(call.id.as_str().to_owned())
+            .bind(call.tenant.as_str().to_owned())
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(read_failure)?;
+            return match current {
+                Some(row) => Ok(RecordOutcome::Duplicate(
+                    call_from_row(&row).map_err(Fail::Op)?,
+                )),
+                None => Err(Fail::Op(LedgerError::NotFound(format!(
+                    "tool call {}",
+                    call.id
+                )))),
+            };
+        }
+
+        // A policy denial the earlier evaluation left open is superseded by this one.
+        let superseded = sqlx::query(
+            "UPDATE pending_invocations SET state = 'rejected', version = version + 1, \
+             decided_by = 'system: re-evaluated', \
+             reason = 'superseded by a repeat of the call', decided_at = $1 \
+             WHERE tenant = $2 AND tool_call_id = $3 AND state = 'pending'",
+        )
+        .bind(call.updated_at.0)
+        .bind(call.tenant.as_str().to_owned())
+        .bind(call.id.as_str().to_owned());
+        let closed = self
+            .write(superseded)
+            .await
+            .map_err(|error| unexpected(&error))?;
+        if closed > 0 {
+            let closed = i64::try_from(closed).unwrap_or(i64::MAX);
+            let release = sqlx::query(
+                "UPDATE runs SET pending_approvals = GREATEST(pending_approvals - $1, 0), \
+                 status = CASE WHEN pending_approvals - $1 <= 0 AND status = 'waiting_approval' \
+                 THEN 'active' ELSE status END WHERE tenant = $2 AND id = $3",
+            )
+            .bind(closed)
+            .bind(call.tenant.as_str().to_owned())
+            .bind(call.run.as_str().to_owned());
+            self.write(release)
+                .await
+                .map_err(|error| unexpected(&error))?;
+        }
+        self.record_call_rest(prepared).await
+    }
+
+    /// Everything `record_call` writes after the call row: the budget, the decision, the
+    /// pending invocation and the events.
+    async fn record_call_rest(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
         let count_on_run = prepared.count_against_budget || prepared.pending.is_some();
         if count_on_run {
             let pending = i64::from(prepared.pending.is_some());
@@ -640,7 +763,8 @@ impl Steps<'_> {
         let finish = &prepared.finish;
         let update = sqlx::query(
             "UPDATE tool_calls SET status = $1, output_redacted = $2, error_code = $3, \
-             error_text = $4, duration_ms = $5, attempts = $6, updated_at = $7 \
+             error_text = $4, duration_ms = $5, attempts = $6, updated_at = $7, \
+             answer_sealed = $10, answer_expires_at = $11 \
              WHERE id = $8 AND tenant = $9 AND status = 'running'",
         )
         .bind(finish.status.as_str())
@@ -651,7 +775,9 @@ impl Steps<'_> {
         .bind(finish.attempts)
         .bind(finish.at.0)
         .bind(finish.id.as_str())
-        .bind(finish.tenant.as_str());
+        .bind(finish.tenant.as_str())
+        .bind(prepared.answer.clone())
+        .bind(prepared.answer_expires_at);
         let changed = self
             .write(update)
             .await

@@ -379,6 +379,9 @@ impl Writer {
             .map(|(tenant, _)| before.get(*tenant).map_or(-1, |head| head.chain_seq))
             .collect();
         let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
+        // Bound after the statement's other parameters ($74, $75).
+        let finish_answer = std::mem::take(&mut arrays.finish_answer);
+        let finish_answer_expires = std::mem::take(&mut arrays.finish_answer_expires);
         let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
         let sql = self
             .statements
@@ -406,7 +409,9 @@ impl Writer {
                     .collect::<Vec<_>>(),
             )
             .bind(self.channel.clone())
-            .bind(previous);
+            .bind(previous)
+            .bind(finish_answer)
+            .bind(finish_answer_expires);
         let moved: HashMap<String, Head> = moved
             .into_iter()
             .map(|(tenant, head)| (tenant.clone(), head.clone()))
@@ -576,7 +581,7 @@ fn chain_tenants(ops: &[OpKind]) -> Vec<String> {
     let mut tenants = BTreeSet::new();
     for op in ops {
         let events: &[PreparedEvent] = match op {
-            OpKind::RecordCall(prepared) => {
+            OpKind::RecordCall(prepared) | OpKind::RetryCall { prepared, .. } => {
                 // A call blocked for its budget gets a `tool_call.blocked` event.
                 tenants.insert(prepared.call.tenant.as_str().to_owned());
                 &prepared.events
@@ -735,10 +740,13 @@ impl Parts {
             ctes.push(
                 "f AS (UPDATE tool_calls SET status = v.status, output_redacted = v.output, \
                  error_code = v.code, error_text = v.text, duration_ms = v.duration, \
-                 attempts = v.attempts, updated_at = v.at \
+                 attempts = v.attempts, updated_at = v.at, answer_sealed = v.answer, \
+                 answer_expires_at = v.answer_expires \
                  FROM UNNEST($50::text[], $51::text[], $52::text[], $53::text[], $54::text[], \
-                 $55::text[], $56::bigint[], $57::bigint[], $58::bigint[]) \
-                 AS v(id, tenant, status, output, code, text, duration, attempts, at) \
+                 $55::text[], $56::bigint[], $57::bigint[], $58::bigint[], $74::text[], \
+                 $75::bigint[]) \
+                 AS v(id, tenant, status, output, code, text, duration, attempts, at, answer, \
+                 answer_expires) \
                  WHERE tool_calls.id = v.id AND tool_calls.tenant = v.tenant \
                  AND COALESCE(tool_calls.status, '') = 'running' RETURNING 1)",
             );
@@ -845,6 +853,8 @@ struct Bulk {
     finish_duration: Vec<i64>,
     finish_attempts: Vec<i64>,
     finish_at: Vec<i64>,
+    finish_answer: Vec<Option<String>>,
+    finish_answer_expires: Vec<Option<i64>>,
     event_tenant: Vec<String>,
     event_chain_seq: Vec<i64>,
     event_kind: Vec<String>,
@@ -953,6 +963,8 @@ impl Bulk {
         self.finish_duration.push(finish.duration_ms);
         self.finish_attempts.push(finish.attempts);
         self.finish_at.push(finish.at.0);
+        self.finish_answer.push(prepared.answer.clone());
+        self.finish_answer_expires.push(prepared.answer_expires_at);
     }
 
     fn event(&mut self, event: &PreparedEvent, link: Link) {

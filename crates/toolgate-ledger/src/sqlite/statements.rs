@@ -25,7 +25,7 @@ pub(super) struct ChainLink {
 pub(super) const INSERT_CALL: &str = concat!(
     "INSERT INTO tool_calls (",
     call_columns!(),
-    ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 );
 
 /// Counts a call (and its pending invocation) on its run. Unconditional: when the budget is
@@ -60,8 +60,8 @@ pub(super) const INSERT_EVENT_IF_CHANGED: &str = "INSERT INTO audit_events (tena
 
 /// Moves a running call to its terminal status; returns a row only when it did.
 pub(super) const FINISH_RUNNING: &str = "UPDATE tool_calls SET status = ?, output_redacted = ?, \
-     error_code = ?, error_text = ?, duration_ms = ?, attempts = ?, updated_at = ? \
-     WHERE id = ? AND tenant = ? AND status = 'running' RETURNING seq";
+     error_code = ?, error_text = ?, duration_ms = ?, attempts = ?, updated_at = ?, \
+     answer_sealed = ?, answer_expires_at = ? WHERE id = ? AND tenant = ? AND status = 'running' RETURNING seq";
 
 pub(super) const UPSERT_HEAD: &str = "INSERT INTO audit_heads (tenant, chain_seq, hash) \
      VALUES (?, ?, ?) ON CONFLICT (tenant) DO UPDATE SET chain_seq = excluded.chain_seq, \
@@ -94,6 +94,7 @@ pub(super) fn bind_call(query: SqlQuery, prepared: &PreparedCall) -> SqlQuery {
         .bind(call.risk_level.map(|risk| risk.as_str()))
         .bind(call.duration_ms)
         .bind(call.attempts)
+        .bind(call.evaluation)
         .bind(call.created_at.0)
         .bind(call.updated_at.0)
 }
@@ -169,6 +170,8 @@ pub(super) fn bind_finish(query: SqlQuery, prepared: &PreparedFinish) -> SqlQuer
         .bind(finish.duration_ms)
         .bind(finish.attempts)
         .bind(finish.at.0)
+        .bind(prepared.answer.clone())
+        .bind(prepared.answer_expires_at)
         .bind(finish.id.as_str().to_owned())
         .bind(finish.tenant.as_str().to_owned())
 }
@@ -186,6 +189,8 @@ pub(super) fn bind_finish_row(query: SqlQuery, prepared: &PreparedFinish) -> Sql
         .bind(finish.duration_ms)
         .bind(finish.attempts)
         .bind(finish.at.0)
+        .bind(prepared.answer.clone())
+        .bind(prepared.answer_expires_at)
 }
 
 /// What a batch adds to one run: counted calls and pending invocations.
@@ -237,7 +242,7 @@ impl RowKind {
         match self {
             RowKind::InsertCalls => (
                 concat!("INSERT INTO tool_calls (", call_columns!(), ") VALUES "),
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 "",
             ),
             RowKind::CountOnRuns => (
@@ -270,8 +275,9 @@ impl RowKind {
             RowKind::FinishRunning => (
                 "UPDATE tool_calls SET status = v.column3, output_redacted = v.column4, \
                  error_code = v.column5, error_text = v.column6, duration_ms = v.column7, \
-                 attempts = v.column8, updated_at = v.column9 FROM (VALUES ",
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 attempts = v.column8, updated_at = v.column9, answer_sealed = v.column10, \
+                 answer_expires_at = v.column11 FROM (VALUES ",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 ") AS v WHERE tool_calls.id = v.column1 AND tool_calls.tenant = v.column2 \
                  AND tool_calls.status = 'running' RETURNING tool_calls.id",
             ),

@@ -135,7 +135,31 @@ impl Steps<'_> {
                 .record_call(call)
                 .await
                 .map(|outcome| Reply::Recorded(Box::new(outcome))),
+            OpKind::RetryCall {
+                prepared,
+                observed_evaluation,
+            } => self
+                .retry_call(prepared, *observed_evaluation)
+                .await
+                .map(|outcome| Reply::Recorded(Box::new(outcome))),
             OpKind::FinishCall(finish) => self.finish_call(finish).await.map(Reply::Finished),
+            OpKind::PurgeAnswers { now, limit } => {
+                let purge = sqlx::query(
+                    "UPDATE tool_calls SET answer_sealed = NULL, answer_expires_at = NULL \
+                     WHERE seq IN (SELECT seq FROM tool_calls WHERE answer_sealed IS NOT NULL \
+                     AND answer_expires_at <= ? ORDER BY answer_expires_at LIMIT ?)",
+                )
+                .bind(now.0)
+                .bind(i64::from(*limit));
+                let purged = self.write(purge).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || "sealed answers".to_owned(),
+                        || LedgerError::Database("unexpected foreign key failure".into()),
+                    )
+                })?;
+                Ok(Reply::Count(purged))
+            }
             OpKind::AppendEvents(events) => {
                 for event in events {
                     self.append(event).await?;
@@ -557,7 +581,118 @@ impl Steps<'_> {
         if let Err(error) = self.write(insert).await {
             return self.call_insert_failure(call, &error).await;
         }
+        self.record_call_rest(prepared).await
+    }
 
+    /// See `Store::retry_call`: the existing call row is rewritten only while it is still the
+    /// refusal observed, then everything else goes in as for a new call.
+    async fn retry_call(
+        &mut self,
+        prepared: &PreparedCall,
+        observed_evaluation: i64,
+    ) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
+        let update = sqlx::query(
+            "UPDATE tool_calls SET tool = ?, action = ?, correlation_id = ?, status = ?, \
+             args_hash = ?, input_redacted = ?, output_redacted = ?, error_code = ?, \
+             error_text = ?, policy_decision_id = ?, risk_level = ?, duration_ms = ?, \
+             attempts = ?, updated_at = ?, answer_sealed = NULL, answer_expires_at = NULL, \
+             evaluation = evaluation + 1 \
+             WHERE id = ? AND tenant = ? AND run = ? AND evaluation = ? \
+             AND status IN ('blocked', 'failed')",
+        )
+        .bind(call.tool.clone())
+        .bind(call.action.clone())
+        .bind(call.correlation_id.as_str().to_owned())
+        .bind(call.status.as_str())
+        .bind(call.args_hash.clone())
+        .bind(prepared.input.clone())
+        .bind(prepared.output.clone())
+        .bind(call.error_code.map(|code| code.as_str()))
+        .bind(call.error_text.clone())
+        .bind(call.policy_decision_id.clone())
+        .bind(call.risk_level.map(|risk| risk.as_str()))
+        .bind(call.duration_ms)
+        .bind(call.attempts)
+        .bind(call.updated_at.0)
+        .bind(call.id.as_str().to_owned())
+        .bind(call.tenant.as_str().to_owned())
+        .bind(call.run.as_str().to_owned())
+        .bind(observed_evaluation);
+        let changed = self.write(update).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("tool call {}", call.id),
+                || LedgerError::NotFound(format!("tool call {}", call.id)),
+            )
+        })?;
+        if changed == 0 {
+            // Another evaluation (or an execution) got there first: answer with the call as
+            // it now stands.
+            let current = sqlx::query(concat!(
+                "SELECT ",
+                call_columns!(),
+                " FROM tool_calls WHERE id = ? AND tenant = ?"
+            ))
+            .bind(call.id.as_str().to_owned())
+            .bind(call.tenant.as_str().to_owned())
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(read_failure)?;
+            return match current {
+                Some(row) => Ok(RecordOutcome::Duplicate(
+                    call_from_row(&row).map_err(Fail::Op)?,
+                )),
+                None => Err(Fail::Op(LedgerError::NotFound(format!(
+                    "tool call {}",
+                    call.id
+                )))),
+            };
+        }
+
+        // A policy denial the earlier evaluation left open is superseded by this one: it no
+        // longer waits for a decision, and a later decision cannot overwrite this evaluation.
+        let superseded = sqlx::query(
+            "UPDATE pending_invocations SET state = 'rejected', version = version + 1, \
+             decided_by = 'system: re-evaluated', \
+             reason = 'superseded by a repeat of the call', decided_at = ? \
+             WHERE tenant = ? AND tool_call_id = ? AND state = 'pending'",
+        )
+        .bind(call.updated_at.0)
+        .bind(call.tenant.as_str().to_owned())
+        .bind(call.id.as_str().to_owned());
+        let closed = self.write(superseded).await.map_err(|error| {
+            write_failure(
+                &error,
+                || format!("pending invocations of tool call {}", call.id),
+                || LedgerError::NotFound(format!("tool call {}", call.id)),
+            )
+        })?;
+        if closed > 0 {
+            let release = sqlx::query(
+                "UPDATE runs SET pending_approvals = MAX(pending_approvals - ?, 0), \
+                 status = CASE WHEN pending_approvals - ? <= 0 AND status = 'waiting_approval' \
+                 THEN 'active' ELSE status END WHERE tenant = ? AND id = ?",
+            )
+            .bind(i64::try_from(closed).unwrap_or(i64::MAX))
+            .bind(i64::try_from(closed).unwrap_or(i64::MAX))
+            .bind(call.tenant.as_str().to_owned())
+            .bind(call.run.as_str().to_owned());
+            self.write(release).await.map_err(|error| {
+                write_failure(
+                    &error,
+                    || format!("run {}", call.run),
+                    || LedgerError::NotFound(format!("run {}", call.run)),
+                )
+            })?;
+        }
+        self.record_call_rest(prepared).await
+    }
+
+    /// Everything `record_call` writes after the call row: the budget, the decision, the
+    /// pending invocation and the events.
+    async fn record_call_rest(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
+        let call = &prepared.call;
         if prepared.count_against_budget || prepared.pending.is_some() {
             let update = bind_count_on_run(sqlx::query(COUNT_ON_RUN_WITHIN_BUDGET), prepared)
                 .bind(i64::from(prepared.count_against_budget));

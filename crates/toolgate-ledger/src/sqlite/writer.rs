@@ -373,11 +373,11 @@ impl Writer {
             OpKind::AppendEvents(events) => self.append_events_in_one_trip(events).await?,
             // Several statements and audit events: atomic in their own savepoint, with the
             // chain heads they move recorded for the commit.
-            OpKind::ResolvePending(_) | OpKind::AddPending(_) => {
+            OpKind::ResolvePending(_) | OpKind::AddPending(_) | OpKind::RetryCall { .. } => {
                 return self.step_by_step(op).await;
             }
             // One write statement, atomic by itself.
-            OpKind::CreateRun { .. } => {
+            OpKind::CreateRun { .. } | OpKind::PurgeAnswers { .. } => {
                 let mut steps = self.steps();
                 return steps.apply(op).await;
             }

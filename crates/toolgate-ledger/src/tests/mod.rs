@@ -10,6 +10,7 @@
 //! fail loudly, saying how to provide one; they are never skipped.
 
 mod admin;
+mod replays;
 mod store;
 
 use std::path::PathBuf;
@@ -534,6 +535,7 @@ pub(crate) fn new_call(tenant: &str, run: &str, id: &str, tool_use_id: Option<&s
             risk_level: Some(RiskLevel::Medium),
             duration_ms: None,
             attempts: 0,
+            evaluation: 1,
             created_at: T0,
             updated_at: T0,
         },
@@ -576,6 +578,7 @@ pub(crate) fn finish(tenant: &str, id: &str) -> FinishCall {
         duration_ms: 12,
         attempts: 1,
         at: T0.plus_ms(12),
+        answer: None,
         events: vec![event(tenant, "tool_call.succeeded", "run-1", id)],
     }
 }

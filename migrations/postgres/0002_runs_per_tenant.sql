@@ -1,0 +1,12 @@
+-- Run ids are unique per tenant, not globally: another tenant's run id must behave exactly
+-- like a free one. The primary key becomes (tenant, id) (the UNIQUE (tenant, id) constraint
+-- that calls and pending invocations reference stays), and a call's idempotency key becomes
+-- (tenant, run, tool_use_id).
+ALTER TABLE runs DROP CONSTRAINT runs_pkey;
+ALTER TABLE runs ADD PRIMARY KEY (tenant, id);
+
+DROP INDEX tool_calls_run_tool_use_id;
+CREATE UNIQUE INDEX tool_calls_run_tool_use_id
+    ON tool_calls (tenant, run, tool_use_id) WHERE tool_use_id IS NOT NULL;
+DROP INDEX tool_calls_run;
+CREATE INDEX tool_calls_run ON tool_calls (tenant, run, seq);
