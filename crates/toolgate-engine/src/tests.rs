@@ -4,6 +4,7 @@
 //! only a shared database has (replicas).
 
 mod ledgers;
+mod settled;
 
 use std::sync::Arc;
 use std::time::Duration;
