@@ -19,7 +19,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::error::LedgerError;
 
@@ -30,6 +30,8 @@ pub(super) const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long to wait between attempts to take the lock again.
 const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// Failed attempts per warning logged.
+const RETRIES_PER_LOG_LINE: u64 = 60;
 
 /// The guard of one store's instance lock.
 #[derive(Debug)]
@@ -130,22 +132,23 @@ async fn guard(
         drop(conn);
 
         // Lost: take it again on a new connection, under the same key.
+        let mut attempts: u64 = 0;
         conn = loop {
             tokio::select! {
                 _ = &mut stop => return,
                 () = tokio::time::sleep(RETRY_INTERVAL) => {}
             }
-            match relock(&options, instance).await {
+            attempts += 1;
+            let problem = match relock(&options, instance).await {
                 Ok(Some(conn)) => break conn,
-                Ok(None) => {
-                    warn!(
-                        instance,
-                        "the instance lock is still taken (the lost session may linger); retrying"
-                    );
-                }
-                Err(problem) => {
-                    warn!(instance, %problem, "taking the instance lock again failed; retrying");
-                }
+                Ok(None) => "the lock is still taken (the lost session may linger)".to_owned(),
+                Err(error) => error.to_string(),
+            };
+            // One line at first, then one a minute: the database may stay away for long.
+            if attempts % RETRIES_PER_LOG_LINE == 1 {
+                warn!(instance, attempts, %problem, "taking the instance lock again failed; retrying every second");
+            } else {
+                debug!(instance, attempts, %problem, "taking the instance lock again failed");
             }
         };
         held.store(true, Ordering::Release);
