@@ -708,3 +708,81 @@ pub fn execute(run_id: &str, tool: &str, arguments: &str) -> pb::ExecuteToolRequ
         timeout_ms: 0,
     }
 }
+
+/// A superuser role of its own in the test PostgreSQL server, for a gateway that the test
+/// cuts off from the database for a while: [`PgRole::allow_login`]`(false)` stops new
+/// connections of the role while its open ones keep working (`ALTER ROLE ... NOLOGIN`). The
+/// role is dropped when this value is dropped (declare it before the [`PgSchema`] and the
+/// gateways, so they go first). Needs a superuser in `TOOLGATE_TEST_PG_URL`.
+#[derive(Debug)]
+pub struct PgRole {
+    name: String,
+    password: String,
+}
+
+impl PgRole {
+    /// Creates a uniquely named role that may log in, with a random password.
+    pub async fn new() -> PgRole {
+        let name = unique_schema_name().replacen("tg_e2e_", "tg_e2e_role_", 1);
+        let password = format!("pw{}", unique_schema_name());
+        PgRole::admin(&format!(
+            "CREATE ROLE {name} LOGIN SUPERUSER PASSWORD '{password}'"
+        ))
+        .await;
+        PgRole { name, password }
+    }
+
+    /// The role's name (`pg_stat_activity.usename` of its sessions).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The test server's URL, logging in as this role.
+    pub fn url(&self) -> String {
+        let url = pg_url();
+        let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+        let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        format!("{scheme}://{}:{}@{host}", self.name, self.password)
+    }
+
+    /// Lets the role open new connections, or not (open ones are not affected).
+    pub async fn allow_login(&self, allowed: bool) {
+        let login = if allowed { "LOGIN" } else { "NOLOGIN" };
+        PgRole::admin(&format!("ALTER ROLE {} {login}", self.name)).await;
+    }
+
+    async fn admin(sql: &str) {
+        // Names and passwords are ours (`unique_schema_name`): plain identifiers.
+        let mut connection = sqlx::PgConnection::connect(&pg_url())
+            .await
+            .expect("connect to the test PostgreSQL");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut connection)
+            .await
+            .unwrap_or_else(|e| panic!("`{sql}` failed (the test user must be a superuser): {e}"));
+        let _ = connection.close().await;
+    }
+}
+
+impl Drop for PgRole {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime for the role cleanup");
+            runtime.block_on(async {
+                PgRole::admin(&format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"
+                ))
+                .await;
+                PgRole::admin(&format!("DROP ROLE IF EXISTS {name}")).await;
+            });
+        })
+        .join();
+        if dropped.is_err() {
+            eprintln!("warning: cannot drop test role {}", self.name);
+        }
+    }
+}

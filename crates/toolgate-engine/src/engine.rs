@@ -1192,7 +1192,18 @@ impl Engine {
         let finished = self.store.finish_call(finish).await?;
         self.announce_events();
         if !finished {
-            warn!(tool_call_id = %call.id, "call was no longer running when it finished; late result dropped");
+            // Someone else settled the call first (another replica took this one for dead, or
+            // recovery ran): the agent is told what the ledger says, never what it does not.
+            warn!(tool_call_id = %call.id, %status, "call was no longer running when it finished; answering what the ledger recorded");
+            let recorded = self
+                .store
+                .get_tool_call(&call.tenant, &call.id)
+                .await?
+                .ok_or_else(|| EngineError::NotFound(format!("tool call `{}`", call.id)))?;
+            return Ok(ExecuteOutcome {
+                decision: Some(verdict.0),
+                ..outcome_from_record(&recorded, false)
+            });
         }
         Ok(outcome)
     }

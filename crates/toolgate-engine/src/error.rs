@@ -24,6 +24,10 @@ pub enum EngineError {
     /// Policy text did not load; every problem is listed.
     #[error("invalid policy: {}", .0.join("; "))]
     InvalidPolicy(Vec<String>),
+    /// The gateway cannot start calls for now (e.g. a PostgreSQL replica lost the lock that
+    /// shows it alive); the message says why. Retrying, later or elsewhere, may succeed.
+    #[error("{0}")]
+    Unavailable(String),
     /// The ledger failed.
     #[error("ledger unavailable: {0}")]
     Ledger(#[source] LedgerError),
@@ -36,6 +40,7 @@ impl From<LedgerError> for EngineError {
             LedgerError::AlreadyExists(what) => {
                 EngineError::Conflict(format!("{what} already exists"))
             }
+            LedgerError::Unavailable(why) => EngineError::Unavailable(why),
             other => EngineError::Ledger(other),
         }
     }

@@ -5,6 +5,7 @@
 
 mod answers;
 mod ledgers;
+mod settled;
 
 use std::sync::Arc;
 use std::time::Duration;

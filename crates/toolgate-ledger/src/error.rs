@@ -19,4 +19,14 @@ pub enum LedgerError {
     /// The store's writer has stopped (the process is shutting down).
     #[error("ledger writer has stopped")]
     Closed,
+    /// Another process owns the ledger (a SQLite file has one owner); the message names it.
+    #[error("{0}")]
+    InUse(String),
+    /// The store refuses to start calls for now (PostgreSQL: this process lost the lock that
+    /// tells other replicas it is alive); the message says why. Retrying later may succeed.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The store was opened read-only (for `ledger verify` beside a running gateway).
+    #[error("ledger opened read-only: it cannot be written")]
+    ReadOnly,
 }

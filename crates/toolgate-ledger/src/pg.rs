@@ -20,11 +20,15 @@
 //! - **Liveness**: each store has a random instance key and holds a session-level advisory lock
 //!   on it for as long as it is open. Calls it records or resumes carry that key; a `running`
 //!   call whose owner's lock can be taken belongs to a process that is gone, and only those are
-//!   reported by `list_running_calls`.
+//!   reported by `list_running_calls`. The connection holding the lock is checked every
+//!   second (`liveness`); while it is lost, the store records no new `running` call and no
+//!   approval claim (`LedgerError::Unavailable`), and takes the lock again on a new connection
+//!   under the same key.
 //! - **Fan-out**: every batch that appends events also notifies the schema's channel (see
 //!   `events_channel`; delivered at commit); each store listens and ticks
 //!   [`Store::subscribe_commits`], so watchers on every replica re-read the ledger at once.
 
+mod liveness;
 mod steps;
 mod writer;
 
@@ -36,11 +40,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection};
-use tokio::sync::{Mutex, mpsc, oneshot, watch};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection as _};
+use tokio::sync::{mpsc, oneshot, watch};
 use toolgate_core::{
-    AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
+    AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName,
+    ToolUseId,
 };
 use tracing::warn;
 
@@ -62,6 +67,7 @@ use crate::rows::{
 };
 use crate::sqlite::WriterStats;
 use crate::store::Store;
+use liveness::Liveness;
 use writer::{Counters, Writer};
 
 /// The schema, embedded at compile time.
@@ -115,8 +121,8 @@ pub struct PgStore {
     pool: PgPool,
     counters: Arc<Counters>,
     instance: i64,
-    /// Holds this instance's advisory lock while the store is open.
-    liveness: Mutex<Option<PgConnection>>,
+    /// Holds this instance's advisory lock while the store is open, and says whether it does.
+    liveness: Liveness,
     commits: watch::Receiver<u64>,
     config_changes: watch::Receiver<u64>,
     listener: tokio::task::JoinHandle<()>,
@@ -167,18 +173,7 @@ impl PgStore {
         })?;
 
         let instance = instance_key();
-        let mut liveness = connect_options.connect().await.map_err(|error| {
-            LedgerError::Database(format!(
-                "could not connect to PostgreSQL {display}: {error}"
-            ))
-        })?;
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(instance)
-            .execute(&mut liveness)
-            .await
-            .map_err(|error| {
-                LedgerError::Database(format!("could not take the instance lock: {error}"))
-            })?;
+        let liveness = Liveness::acquire(connect_options.clone(), instance).await?;
 
         let pool = PgPoolOptions::new()
             .max_connections(READ_CONNECTIONS)
@@ -225,7 +220,7 @@ impl PgStore {
             pool,
             counters,
             instance,
-            liveness: Mutex::new(Some(liveness)),
+            liveness,
             commits,
             config_changes,
             listener,
@@ -240,20 +235,7 @@ impl PgStore {
             let _ = closed.await;
         }
         self.listener.abort();
-        if let Some(mut conn) = self.liveness.lock().await.take() {
-            // Unlock explicitly: closing the socket alone lets the server notice a moment after
-            // `close` has returned, and until then this instance still looks alive.
-            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
-                .bind(self.instance)
-                .execute(&mut conn)
-                .await;
-            if let Err(error) = unlocked {
-                warn!(%error, "releasing the instance lock failed");
-            }
-            if let Err(error) = conn.close().await {
-                warn!(%error, "closing the instance lock connection failed");
-            }
-        }
+        self.liveness.release().await;
         self.pool.close().await;
     }
 
@@ -270,6 +252,13 @@ impl PgStore {
     /// This process's instance key (the `owner` of the calls it runs).
     pub fn instance(&self) -> i64 {
         self.instance
+    }
+
+    /// Whether this store holds its instance lock now. While it does not (the connection
+    /// holding it was lost and the lock is not taken again yet), other replicas may take its
+    /// running calls for interrupted, and it starts no call.
+    pub fn holds_instance_lock(&self) -> bool {
+        self.liveness.held()
     }
 
     async fn submit(&self, kind: OpKind) -> Result<Reply, LedgerError> {
@@ -654,6 +643,10 @@ impl Store for PgStore {
     }
 
     async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError> {
+        // A call that will run must belong to a process other replicas see alive.
+        if call.call.status == ToolCallStatus::Running {
+            self.liveness.check()?;
+        }
         let prepared = Box::new(PreparedCall::new(call));
         self.submit(OpKind::RecordCall(prepared)).await?.recorded()
     }
@@ -663,6 +656,10 @@ impl Store for PgStore {
         call: NewCall,
         observed_evaluation: i64,
     ) -> Result<RecordOutcome, LedgerError> {
+        // As in `record_call`: a call that will run needs a process other replicas see alive.
+        if call.call.status == ToolCallStatus::Running {
+            self.liveness.check()?;
+        }
         let prepared = Box::new(PreparedCall::new(call));
         self.submit(OpKind::RetryCall {
             prepared,
@@ -842,6 +839,10 @@ impl Store for PgStore {
     }
 
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
+        // An approval moves the call to `running` here: the same rule as a new call.
+        if resolution.call_status == ToolCallStatus::Running {
+            self.liveness.check()?;
+        }
         let events = resolution
             .events
             .iter()

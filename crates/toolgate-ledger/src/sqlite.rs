@@ -8,9 +8,15 @@
 //! batch was committing.
 //!
 //! One `SqliteStore` per database file: the writer caches chain heads on the assumption that it
-//! is the file's only writer. Several gateway replicas need the PostgreSQL backend.
+//! is the file's only writer, and recovery treats every call found `running` at open as
+//! interrupted. `open` enforces it with an exclusive lock beside the file (see `owner`), taken
+//! before anything is read or written and held until the writer has stopped; a second process
+//! is refused, naming the holder. [`SqliteStore::open_read_only`] takes no lock and never
+//! writes, for readers beside the owner (`ledger verify`). Several gateway replicas need the
+//! PostgreSQL backend.
 
 mod bulk;
+mod owner;
 
 mod statements;
 mod steps;
@@ -68,7 +74,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The SQLite implementation of [`Store`].
 #[derive(Debug)]
 pub struct SqliteStore {
-    writer: mpsc::Sender<Command>,
+    /// `None` for a store opened read-only.
+    writer: Option<mpsc::Sender<Command>>,
     read: SqlitePool,
     counters: Arc<Counters>,
     /// The calls (their `seq`, as a JSON array) that were `running` when the store was opened:
@@ -112,13 +119,63 @@ impl SqliteStore {
     /// Writes waiting in the writer's queue.
     #[cfg(test)]
     fn queued(&self) -> usize {
-        self.writer.max_capacity() - self.writer.capacity()
+        self.writer
+            .as_ref()
+            .map_or(0, |writer| writer.max_capacity() - writer.capacity())
+    }
+
+    /// Opens an existing ledger for reading only: no lock, no migration, no writer, so it works
+    /// beside the process that owns the file (WAL readers never block its writer, nor it them).
+    /// Writes fail with [`LedgerError::ReadOnly`]. Refused when the file lacks a migration
+    /// this version needs (the owner migrates it when it starts).
+    pub async fn open_read_only(path: &Path) -> Result<SqliteStore, LedgerError> {
+        let display = path.display();
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        let read = SqlitePoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .connect_with(options)
+            .await
+            .map_err(|error| {
+                LedgerError::Database(format!("could not open ledger {display}: {error}"))
+            })?;
+        let applied: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&read)
+                .await
+                .map_err(|error| {
+                    LedgerError::Database(format!(
+                        "{display} is not a toolgate ledger, or was never migrated: {error}"
+                    ))
+                })?;
+        if let Some(missing) = MIGRATOR
+            .iter()
+            .find(|migration| !applied.contains(&migration.version))
+        {
+            read.close().await;
+            return Err(LedgerError::Database(format!(
+                "ledger {display} lacks migration {} ({}): start `toolgate serve` on it once to \
+                 migrate it",
+                missing.version, missing.description
+            )));
+        }
+        Ok(SqliteStore {
+            writer: None,
+            read,
+            counters: Arc::default(),
+            interrupted: "[]".to_owned(),
+        })
     }
 
     async fn open_gated(
         path: &Path,
         gate: Option<oneshot::Receiver<()>>,
     ) -> Result<SqliteStore, LedgerError> {
+        // First of all: nothing may read `running` calls as interrupted, or write, while
+        // another process owns the file.
+        let lock = owner::OwnerLock::acquire(path)?;
         let shared = SqliteConnectOptions::new()
             .filename(path)
             .foreign_keys(true)
@@ -161,9 +218,11 @@ impl SqliteStore {
 
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters)).run(gate));
+        // The lock lives as long as the writer: a store dropped without `close` keeps the file
+        // until its queued writes are committed.
+        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters), lock).run(gate));
         Ok(SqliteStore {
-            writer: tx,
+            writer: Some(tx),
             read,
             counters,
             interrupted,
@@ -174,10 +233,12 @@ impl SqliteStore {
     /// after this fail with [`LedgerError::Closed`]. Dropping the store also stops the writer
     /// once the queued writes are committed, without waiting for it.
     pub async fn close(&self) {
-        let (done, closed) = oneshot::channel();
-        if self.writer.send(Command::Close(done)).await.is_ok() {
-            // An error means the writer is gone already, which is what we wanted.
-            let _ = closed.await;
+        if let Some(writer) = &self.writer {
+            let (done, closed) = oneshot::channel();
+            if writer.send(Command::Close(done)).await.is_ok() {
+                // An error means the writer is gone already, which is what we wanted.
+                let _ = closed.await;
+            }
         }
         self.read.close().await;
     }
@@ -194,8 +255,11 @@ impl SqliteStore {
 
     /// Queues a write and waits until its batch has committed.
     async fn submit(&self, kind: OpKind) -> Result<Reply, LedgerError> {
+        let Some(writer) = &self.writer else {
+            return Err(LedgerError::ReadOnly);
+        };
         let (reply, answer) = oneshot::channel();
-        self.writer
+        writer
             .send(Command::Write(WriteOp { kind, reply }))
             .await
             .map_err(|_| LedgerError::Closed)?;

@@ -112,7 +112,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Option<RunRecord>, LedgerError>;
 
     /// Records a new call with its decision, pending invocation and audit events atomically,
-    /// enforcing the run's budget and the `(run, tool_use_id)` idempotency key.
+    /// enforcing the run's budget and the `(run, tool_use_id)` idempotency key. A call recorded
+    /// `running` is refused with `Unavailable`, writing nothing, while the store cannot show
+    /// other processes it is alive (PostgreSQL: its instance lock is lost).
     async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError>;
     /// Evaluates a refused call again, for a repeat of its `tool_use_id`: `call.call.id` names
     /// the existing call, whose row is rewritten with the new evaluation (its `evaluation`
@@ -190,7 +192,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Claims a pending invocation for a decision: one conditional update on the observed
     /// version, then (only if it changed the row) the call's status, the run's pending count
     /// and the audit events, atomically. Returns false, writing nothing, when the row is no
-    /// longer pending at that version (another decision won).
+    /// longer pending at that version (another decision won). A resolution that moves the call
+    /// to `running` (an approval) is refused like a new running call in `record_call`.
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError>;
     /// Pending invocations of every tenant whose expiry is at or before `now`, soonest first.
     async fn list_expired_pending(

@@ -608,7 +608,8 @@ pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
             {
                 bail!("no ledger at {}", path.display());
             }
-            let store = database.open().await?;
+            // Read-only: verifying works beside the gateway that owns a SQLite file.
+            let store = database.open_for_reading().await?;
             let report = store.verify_chains().await?;
             let response = crate::services::verify_response(&report);
             let ok = response.ok;

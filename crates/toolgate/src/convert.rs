@@ -15,6 +15,7 @@ pub(crate) fn status(err: EngineError) -> Status {
         EngineError::Conflict(m) => Status::already_exists(m),
         EngineError::FailedPrecondition(m) => Status::failed_precondition(m),
         err @ EngineError::InvalidPolicy(_) => Status::invalid_argument(err.to_string()),
+        EngineError::Unavailable(m) => Status::unavailable(m),
         EngineError::Ledger(e) => Status::unavailable(format!("ledger unavailable: {e}")),
         other => Status::internal(other.to_string()),
     }

@@ -66,6 +66,21 @@ impl Database {
             }
         }
     }
+
+    /// Opens the store to read it beside a gateway that may be running on it: a SQLite file
+    /// read-only (no lock, no migration, no writes); PostgreSQL as usual (it has no single
+    /// owner).
+    pub(crate) async fn open_for_reading(&self) -> anyhow::Result<Arc<dyn Store>> {
+        match self {
+            Database::Sqlite(path) => {
+                let store = SqliteStore::open_read_only(path)
+                    .await
+                    .with_context(|| format!("cannot read the ledger at {}", path.display()))?;
+                Ok(Arc::new(store))
+            }
+            Database::Postgres { .. } => self.open().await,
+        }
+    }
 }
 
 /// Where the ledger is, without credentials: safe for logs.

@@ -1049,3 +1049,143 @@ async fn a_tool_use_id_repeated_on_two_replicas_is_recorded_once() {
     assert_eq!((report.events_checked, report.first_problem), (3, None));
     b_store.close().await;
 }
+
+// --- losing the instance lock ------------------------------------------------------------------
+
+/// The backend holding the advisory lock on `key` (a bigint key shows in `pg_locks` as
+/// `classid` = high 32 bits, `objid` = low 32 bits, `objsubid` = 1), if any.
+pub(crate) async fn instance_lock_holder(probe: &mut PgConnection, key: i64) -> Option<i32> {
+    let bits = key.cast_unsigned();
+    let high = i64::from(u32::try_from(bits >> 32).unwrap());
+    let low = i64::from(u32::try_from(bits & 0xFFFF_FFFF).unwrap());
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+         AND classid::bigint = $1 AND objid::bigint = $2 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(high)
+    .bind(low)
+    .fetch_optional(&mut *probe)
+    .await
+    .unwrap()
+}
+
+/// Waits until `store` says it holds (or lost) its instance lock.
+async fn wait_for_lock_state(store: &PgStore, held: bool) {
+    let started = std::time::Instant::now();
+    while store.holds_instance_lock() != held {
+        assert!(
+            started.elapsed() < HANG,
+            "the store never noticed: holds_instance_lock stayed {}",
+            !held
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The backend holding a store's instance lock is terminated (`pg_terminate_backend`, as a
+/// server restart or a cut network would): the store notices, refuses to record a `running`
+/// call or an approval claim (`Unavailable`) while it does not hold the lock (here someone
+/// else holds it), still records refusals and finishes the calls in flight, and takes the lock
+/// again under the same key on a new connection as soon as it is free, then starts calls again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_instance_lock_stops_new_calls_until_it_is_taken_again() {
+    let db = seeded(Backend::Pg, 10).await;
+    let store = db.pg_store();
+    let key = store.instance();
+    store
+        .record_call(new_call("acme", "run-1", "call-1", None))
+        .await
+        .unwrap();
+    store
+        .record_call(waiting_call("acme", "call-p", None))
+        .await
+        .unwrap();
+    let mut probe = db.pg_schema().raw().await;
+    let first = instance_lock_holder(&mut probe, key)
+        .await
+        .expect("the store holds its lock");
+
+    // Terminate that backend and take the key in its place as soon as it is gone, so the
+    // store cannot take it back before this test lets it.
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&mut probe)
+        .await
+        .unwrap();
+    assert!(terminated);
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key)
+        .execute(&mut probe)
+        .await
+        .unwrap();
+    wait_for_lock_state(&store, false).await;
+
+    let refused = store
+        .record_call(new_call("acme", "run-1", "call-2", None))
+        .await;
+    match refused {
+        Err(LedgerError::Unavailable(message)) => {
+            assert!(message.contains("starts no tool call"), "{message}");
+        }
+        other => panic!("a running call was recorded without the lock: {other:?}"),
+    }
+    let claim = store
+        .resolve_pending(decide("call-p", 1, true, "approver"))
+        .await;
+    assert!(
+        matches!(claim, Err(LedgerError::Unavailable(_))),
+        "{claim:?}"
+    );
+    let mut blocked = new_call("acme", "run-1", "call-b", None);
+    blocked.call.status = ToolCallStatus::Blocked;
+    blocked.count_against_budget = false;
+    store.record_call(blocked).await.unwrap();
+    assert!(
+        store.finish_call(finish("acme", "call-1")).await.unwrap(),
+        "a call in flight still finishes"
+    );
+    assert!(
+        store
+            .get_tool_call(&tenant_id("acme"), &call_id("call-2"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the refused call left nothing behind"
+    );
+
+    // The key is free again: the store takes it back, under the same key, on a new backend.
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .execute(&mut probe)
+        .await
+        .unwrap();
+    wait_for_lock_state(&store, true).await;
+    let second = instance_lock_holder(&mut probe, key)
+        .await
+        .expect("the store holds its lock again");
+    assert_ne!(second, first, "a new connection holds it");
+    assert_eq!(store.instance(), key);
+    store
+        .record_call(new_call("acme", "run-1", "call-2", None))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .resolve_pending(decide("call-p", 1, true, "approver"))
+            .await
+            .unwrap()
+    );
+    let other = replica(&db).await;
+    assert!(
+        other.list_running_calls(10).await.unwrap().is_empty(),
+        "the store's running calls count as alive again"
+    );
+    other.close().await;
+    db.close().await;
+    assert_eq!(
+        instance_lock_holder(&mut probe, key).await,
+        None,
+        "close releases the lock taken again"
+    );
+}

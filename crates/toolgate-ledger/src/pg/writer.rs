@@ -661,6 +661,9 @@ fn copy_error(error: &LedgerError) -> LedgerError {
         LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
         LedgerError::Database(what) => LedgerError::Database(what.clone()),
         LedgerError::Closed => LedgerError::Closed,
+        LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
+        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
+        LedgerError::ReadOnly => LedgerError::ReadOnly,
     }
 }
 

@@ -10,6 +10,7 @@ use sqlx::{ConnectOptions, Connection, Executor};
 use toolgate_core::ToolCallStatus;
 
 use super::{SqliteStore, WriterStats};
+use crate::error::LedgerError;
 use crate::model::*;
 use crate::store::Store;
 use crate::tests::*;
@@ -322,4 +323,116 @@ async fn sqlite_has_no_commit_feed() {
     // Only this process writes the file; its engine announces its own writes.
     let db = Db::sqlite().await;
     assert!(db.store().subscribe_commits().is_none());
+}
+
+// --- one owner per file ----------------------------------------------------------------------
+
+/// A second store on a file another store owns is refused before it reads or writes anything,
+/// naming the holder; the owner's running call stays its own (nobody took it for interrupted)
+/// and finishes normally. Once the owner is closed, the file opens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_owner_is_refused_and_leaves_the_first_ones_calls_alone() {
+    let db = seeded(Backend::Sqlite, 10).await;
+    db.store()
+        .record_call(new_call("acme", "run-1", "call-1", None))
+        .await
+        .unwrap();
+
+    let refused = SqliteStore::open(&db.sqlite_path()).await.unwrap_err();
+    let message = refused.to_string();
+    assert!(matches!(refused, LedgerError::InUse(_)), "{refused:?}");
+    assert!(
+        message.contains(&format!("pid {}", std::process::id())),
+        "names the holder: {message}"
+    );
+    assert!(message.contains("ledger.db.lock"), "{message}");
+
+    assert!(db.store().list_running_calls(10).await.unwrap().is_empty());
+    assert!(
+        db.store()
+            .finish_call(finish("acme", "call-1"))
+            .await
+            .unwrap(),
+        "the owner finishes its own call"
+    );
+    let db = db.reopen().await;
+    let call = db
+        .store()
+        .get_tool_call(&tenant_id("acme"), &call_id("call-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(call.status, ToolCallStatus::Succeeded);
+}
+
+/// A read-only store works beside the owner: it sees what the owner commits, verifies the
+/// chains, and refuses every write; it takes no lock, so the owner can reopen meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_store_reads_beside_the_owner_and_writes_nothing() {
+    let db = seeded(Backend::Sqlite, 10).await;
+    db.store()
+        .record_call(new_call("acme", "run-1", "call-1", None))
+        .await
+        .unwrap();
+    let reader = SqliteStore::open_read_only(&db.sqlite_path())
+        .await
+        .unwrap();
+    let report = reader.verify_chains().await.unwrap();
+    // The setup's 2 events (tenant and agent created) and the call's.
+    assert_eq!((report.events_checked, report.first_problem), (3, None));
+
+    assert!(
+        db.store()
+            .finish_call(finish("acme", "call-1"))
+            .await
+            .unwrap()
+    );
+    let seen = reader
+        .get_tool_call(&tenant_id("acme"), &call_id("call-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        seen.status,
+        ToolCallStatus::Succeeded,
+        "sees the owner's commit"
+    );
+    assert_eq!(reader.verify_chains().await.unwrap().events_checked, 4);
+
+    let write = reader.create_tenant(tenant("beta"), &admin()).await;
+    assert!(matches!(write, Err(LedgerError::ReadOnly)), "{write:?}");
+    assert!(
+        reader.list_running_calls(10).await.unwrap().is_empty(),
+        "a reader settles nothing"
+    );
+    assert!(
+        db.store()
+            .get_tenant(&tenant_id("beta"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let db = db.reopen().await;
+    assert_eq!(reader.verify_chains().await.unwrap().first_problem, None);
+    reader.close().await;
+    db.close().await;
+}
+
+/// Something that is not a migrated ledger is refused by a read-only open with a message
+/// saying so, and left as it was.
+#[tokio::test]
+async fn a_read_only_open_of_an_unmigrated_file_says_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.db");
+    std::fs::write(&path, b"").unwrap();
+    let refused = SqliteStore::open_read_only(&path).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("is not a toolgate ledger"),
+        "{refused}"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        0,
+        "nothing written"
+    );
 }

@@ -50,6 +50,7 @@ use crate::model::RecordOutcome;
 use crate::ops::{Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp};
 use crate::rows::{Fail, SqlFailure, read_failure};
 use crate::sqlite::bulk::Hot;
+use crate::sqlite::owner::OwnerLock;
 use crate::sqlite::statements::{
     ChainLink, Shape, SqlQuery, UPSERT_HEAD, bind_call, bind_count_on_run, bind_decision,
     bind_event, bind_finish, bind_pending,
@@ -90,6 +91,8 @@ pub(super) struct Writer {
     /// The SQL text of each shape, built once.
     shapes: HashMap<Shape, SqlStr>,
     counters: Arc<Counters>,
+    /// The file's one-owner lock, released once the connection is closed.
+    owner: Option<OwnerLock>,
 }
 
 /// The newest event of a tenant's chain; `chain_seq` 0 with the genesis hash for an empty chain.
@@ -104,6 +107,7 @@ impl Writer {
         conn: SqliteConnection,
         rx: mpsc::Receiver<Command>,
         counters: Arc<Counters>,
+        owner: OwnerLock,
     ) -> Writer {
         Writer {
             conn,
@@ -112,6 +116,7 @@ impl Writer {
             moved_heads: HashSet::new(),
             shapes: HashMap::new(),
             counters,
+            owner: Some(owner),
         }
     }
 
@@ -146,6 +151,8 @@ impl Writer {
         if let Err(error) = self.conn.close().await {
             warn!(%error, "closing the ledger write connection failed");
         }
+        // Released before `close` returns, so the file can be opened again at once.
+        drop(self.owner.take());
         for done in closers {
             // The closer may have given up waiting; nothing to do then.
             let _ = done.send(());
@@ -769,6 +776,9 @@ fn copy_error(error: &LedgerError) -> LedgerError {
         LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
         LedgerError::Database(what) => LedgerError::Database(what.clone()),
         LedgerError::Closed => LedgerError::Closed,
+        LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
+        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
+        LedgerError::ReadOnly => LedgerError::ReadOnly,
     }
 }
 

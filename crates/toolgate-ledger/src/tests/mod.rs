@@ -173,9 +173,7 @@ impl Db {
         drop(handle);
         let handle = match &place {
             Place::Sqlite(dir) => Handle::Sqlite(Arc::new(
-                SqliteStore::open(&dir.path().join("ledger.db"))
-                    .await
-                    .expect("reopen store"),
+                open_once_released(&dir.path().join("ledger.db")).await,
             )),
             Place::Pg(schema) => Handle::Pg(Arc::new(schema.open().await)),
         };
@@ -212,6 +210,22 @@ impl Db {
         match &self.place {
             Place::Pg(schema) => schema,
             Place::Sqlite(_) => panic!("not a PostgreSQL store"),
+        }
+    }
+}
+
+/// Opens the SQLite store at `path` as soon as the previous store on it is gone: a store
+/// dropped without `close` keeps the file's lock until its writer has committed what was
+/// queued, a moment later (a process that dies releases it at once).
+async fn open_once_released(path: &std::path::Path) -> SqliteStore {
+    let started = std::time::Instant::now();
+    loop {
+        match SqliteStore::open(path).await {
+            Ok(store) => return store,
+            Err(LedgerError::InUse(_)) if started.elapsed() < HANG => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(error) => panic!("reopen store: {error}"),
         }
     }
 }
