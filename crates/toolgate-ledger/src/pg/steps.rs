@@ -119,7 +119,8 @@ impl Steps<'_> {
             OpKind::RevokeToken { id, tenant, event } => {
                 // `tenant` is the one the token was read with (NULL for admin tokens).
                 let update = sqlx::query(
-                    "UPDATE api_tokens SET revoked = TRUE                      WHERE id = $1 AND tenant IS NOT DISTINCT FROM $2",
+                    "UPDATE api_tokens SET revoked = TRUE \
+                     WHERE id = $1 AND tenant IS NOT DISTINCT FROM $2",
                 )
                 .bind(id)
                 .bind(tenant.as_ref().map(|tenant| tenant.as_str()));
