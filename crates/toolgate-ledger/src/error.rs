@@ -13,10 +13,48 @@ pub enum LedgerError {
     /// The database holds something this version cannot read.
     #[error("corrupt ledger row: {0}")]
     Corrupt(String),
-    /// The database could not be opened, migrated or written.
+    /// A constraint (NOT NULL, CHECK) refused a write: the request conflicts with what the
+    /// ledger holds.
+    #[error("ledger constraint refused the change: {0}")]
+    Constraint(String),
+    /// The database cannot be reached or is busy (connection lost, pool exhausted, I/O, a full
+    /// disk, a lock held too long, a serialization failure): a later attempt may succeed.
+    #[error("ledger database unavailable: {0}")]
+    Unavailable(String),
+    /// The database could not be opened, migrated or written, for any other reason.
     #[error("ledger database error: {0}")]
     Database(String),
     /// The store's writer has stopped (the process is shutting down).
     #[error("ledger writer has stopped")]
     Closed,
+}
+
+/// What kind of failure a [`LedgerError`] is: decides the gRPC status the gateway answers
+/// with and whether the caller may retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LedgerErrorKind {
+    /// The thing to create exists already.
+    AlreadyExists,
+    /// A referenced thing does not exist.
+    NotFound,
+    /// A constraint refused the change.
+    Constraint,
+    /// The database is unreachable, busy or shutting down: retry later.
+    Transient,
+    /// Anything else (a corrupt row, a missing table, a bug): not worth retrying.
+    Internal,
+}
+
+impl LedgerError {
+    /// The kind of failure.
+    pub fn kind(&self) -> LedgerErrorKind {
+        match self {
+            LedgerError::AlreadyExists(_) => LedgerErrorKind::AlreadyExists,
+            LedgerError::NotFound(_) => LedgerErrorKind::NotFound,
+            LedgerError::Constraint(_) => LedgerErrorKind::Constraint,
+            LedgerError::Unavailable(_) | LedgerError::Closed => LedgerErrorKind::Transient,
+            LedgerError::Corrupt(_) | LedgerError::Database(_) => LedgerErrorKind::Internal,
+        }
+    }
 }
