@@ -417,3 +417,27 @@ async fn sweep_loop(engine: Arc<Engine>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_limits_follow_the_argument_limit() {
+        let mib = 1024 * 1024;
+        // (max_argument_bytes, requests, answers); small limits keep gRPC's default.
+        let cases = [
+            (1, 4 * mib, 4 * mib),
+            (mib, 4 * mib, 4 * mib),
+            (6 * mib, 7 * mib, 13 * mib),
+            (64 * mib, 65 * mib, 129 * mib),
+        ];
+        for (arguments, decoding, encoding) in cases {
+            assert_eq!(
+                MessageLimits::for_arguments(arguments),
+                MessageLimits { decoding, encoding },
+                "{arguments}"
+            );
+        }
+    }
+}
