@@ -9,6 +9,7 @@
 //! test passes and kept, named on stderr, when it fails. Without a server the PostgreSQL tests
 //! fail loudly, saying how to provide one; they are never skipped.
 
+mod errors;
 mod replays;
 mod store;
 
