@@ -786,3 +786,29 @@ impl Drop for PgRole {
         }
     }
 }
+
+impl Gateway {
+    /// Sends `signal` (`TERM`, `INT`, ...) to the gateway process, as `kill -s` does.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args(["-s", signal, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -s {signal} failed");
+    }
+
+    /// Waits up to `limit` for the process to exit by itself: its exit status, or `None` when
+    /// it is still running then.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the gateway") {
+                return Some(status);
+            }
+            if started.elapsed() >= limit {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

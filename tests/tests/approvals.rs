@@ -163,7 +163,7 @@ async fn the_cli_lists_and_approves() {
         Command::new(gateway_binary())
             .args(args)
             .env("TOOLGATE_ADDR", &gateway.url)
-            .env("TOOLGATE_TOKEN", &approver)
+            .env("TOOLGATE_APPROVER_TOKEN", &approver)
             .env_remove("TOOLGATE_BIN")
             .output()
             .unwrap()
@@ -196,6 +196,10 @@ async fn the_cli_lists_and_approves() {
         &run,
         &suspended.pending_invocation_id,
     ]);
-    assert_eq!(again.status.code(), Some(2));
+    assert_eq!(
+        again.status.code(),
+        Some(5),
+        "a decision that did not apply exits 5"
+    );
     assert!(String::from_utf8_lossy(&again.stdout).contains("claim_lost"));
 }

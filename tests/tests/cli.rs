@@ -13,9 +13,9 @@ fn toolgate(gateway: &Gateway, args: &[&str], token: Option<&str>) -> Output {
         .env("TOOLGATE_ADDR", &gateway.url)
         .env("TOOLGATE_LOG", "warn")
         .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TOKEN");
+        .env_remove("TOOLGATE_AGENT_TOKEN");
     if let Some(token) = token {
-        command.env("TOOLGATE_TOKEN", token);
+        command.env("TOOLGATE_AGENT_TOKEN", token);
     }
     command.output().expect("run toolgate")
 }
@@ -97,7 +97,7 @@ fn the_quickstart_works_from_the_command_line() {
         &["call", "--agent", "support", "testkit.noop"],
         Some(&token),
     );
-    assert_eq!(refused.status.code(), Some(2), "a refused call exits 2");
+    assert_eq!(refused.status.code(), Some(3), "a refused call exits 3");
     assert_eq!(json(&refused)["error_code"], "NOT_IN_MANIFEST");
 
     let tokens = toolgate(

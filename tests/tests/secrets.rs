@@ -149,7 +149,8 @@ async fn references_are_read_at_use() {
         .await
         .unwrap();
     let missing = whoami(&gateway, &acme).await;
-    assert_eq!(missing.error_code, "CREDENTIALS_NOT_FOUND");
+    // Configured, but unreadable: not the same as a secret nobody configured.
+    assert_eq!(missing.error_code, "CREDENTIALS_UNAVAILABLE");
     assert!(
         missing.error_message.contains("NOT_SET_ANYWHERE"),
         "{}",

@@ -24,6 +24,9 @@ pub enum ErrorCode {
     ClientRejected,
     /// A secret the tool needs is not configured for the tenant.
     CredentialsNotFound,
+    /// A secret the tool needs is configured but could not be read: it does not decrypt, its
+    /// key is not loaded, its reference does not resolve, or the credential store failed.
+    CredentialsUnavailable,
     /// The vendor answered with an error.
     VendorError,
     /// The vendor throttled the call.
@@ -44,7 +47,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::FeatureDisabled,
         ErrorCode::NotInManifest,
         ErrorCode::UnknownTool,
@@ -53,6 +56,7 @@ impl ErrorCode {
         ErrorCode::ExpertRejected,
         ErrorCode::ClientRejected,
         ErrorCode::CredentialsNotFound,
+        ErrorCode::CredentialsUnavailable,
         ErrorCode::VendorError,
         ErrorCode::VendorRateLimited,
         ErrorCode::Timeout,
@@ -74,6 +78,7 @@ impl ErrorCode {
             ErrorCode::ExpertRejected => "EXPERT_REJECTED",
             ErrorCode::ClientRejected => "CLIENT_REJECTED",
             ErrorCode::CredentialsNotFound => "CREDENTIALS_NOT_FOUND",
+            ErrorCode::CredentialsUnavailable => "CREDENTIALS_UNAVAILABLE",
             ErrorCode::VendorError => "VENDOR_ERROR",
             ErrorCode::VendorRateLimited => "VENDOR_RATE_LIMITED",
             ErrorCode::Timeout => "TIMEOUT",

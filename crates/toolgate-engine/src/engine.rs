@@ -97,7 +97,7 @@ impl Engine {
     }
 
     /// Sets where tenant secrets come from. Without one, a tool that declares secrets fails
-    /// with `CREDENTIALS_NOT_FOUND`.
+    /// with `CREDENTIALS_UNAVAILABLE`.
     #[must_use]
     pub fn with_secrets(mut self, secrets: Arc<dyn SecretSource>) -> Engine {
         self.secrets = Some(secrets);
@@ -773,7 +773,12 @@ impl Engine {
         let secrets = match self.resolve_secrets(&call.tenant, spec).await {
             Ok(secrets) => secrets,
             Err(err) => {
-                let error = ToolError::new(ErrorCode::CredentialsNotFound, err.to_string());
+                // Absent is not the same as unreadable (undecryptable, unresolved, store down).
+                let code = match err {
+                    SecretError::Missing(_) => ErrorCode::CredentialsNotFound,
+                    _ => ErrorCode::CredentialsUnavailable,
+                };
+                let error = ToolError::new(code, err.to_string());
                 return self
                     .finish(
                         call,

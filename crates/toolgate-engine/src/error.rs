@@ -40,7 +40,7 @@ impl From<LedgerError> for EngineError {
             LedgerError::AlreadyExists(what) => {
                 EngineError::Conflict(format!("{what} already exists"))
             }
-            LedgerError::Unavailable(why) => EngineError::Unavailable(why),
+            LedgerError::NotLive(why) => EngineError::Unavailable(why),
             other => EngineError::Ledger(other),
         }
     }

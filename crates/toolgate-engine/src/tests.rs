@@ -815,7 +815,10 @@ async fn declared_secrets_reach_the_connector_and_missing_ones_fail_clearly(back
     let without = harness(&backend).await;
     let run = without.run(None).await;
     let outcome = without.call(&run, "testkit.whoami", "{}").await;
-    assert_eq!(outcome.error_code(), Some(ErrorCode::CredentialsNotFound));
+    assert_eq!(
+        outcome.error_code(),
+        Some(ErrorCode::CredentialsUnavailable)
+    );
     assert_eq!(
         without.ledger_row(&outcome).await.status,
         ToolCallStatus::Failed
@@ -836,6 +839,45 @@ async fn declared_secrets_reach_the_connector_and_missing_ones_fail_clearly(back
     );
 }
 on_both_ledgers!(declared_secrets_reach_the_connector_and_missing_ones_fail_clearly);
+
+/// A secret source that finds the secret but cannot read it (a ciphertext that does not
+/// decrypt, a credential store that is down).
+#[derive(Debug)]
+struct UnreadableSecrets;
+
+#[async_trait::async_trait]
+impl SecretSource for UnreadableSecrets {
+    async fn resolve(
+        &self,
+        _tenant: &TenantId,
+        names: &[SecretName],
+    ) -> Result<Secrets, SecretError> {
+        Err(SecretError::Unavailable {
+            name: names[0].clone(),
+            reason: "it could not be decrypted".to_owned(),
+        })
+    }
+}
+
+async fn unreadable_secrets_are_unavailable_not_missing(backend: Backend) {
+    let h = harness_with(
+        &backend,
+        EngineConfig::default(),
+        Some(Arc::new(UnreadableSecrets)),
+    )
+    .await;
+    let run = h.run(None).await;
+    let outcome = h.call(&run, "testkit.whoami", "{}").await;
+    assert_eq!(
+        outcome.error_code(),
+        Some(ErrorCode::CredentialsUnavailable),
+        "{outcome:?}"
+    );
+    let message = &outcome.error.as_ref().expect("an error").message;
+    assert!(message.contains("could not be decrypted"), "{message}");
+    assert_eq!(h.ledger_row(&outcome).await.status, ToolCallStatus::Failed);
+}
+on_both_ledgers!(unreadable_secrets_are_unavailable_not_missing);
 
 async fn invalid_policies_are_refused_with_the_problem(backend: Backend) {
     let h = harness(&backend).await;

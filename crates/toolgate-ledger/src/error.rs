@@ -13,7 +13,15 @@ pub enum LedgerError {
     /// The database holds something this version cannot read.
     #[error("corrupt ledger row: {0}")]
     Corrupt(String),
-    /// The database could not be opened, migrated or written.
+    /// A constraint (NOT NULL, CHECK) refused a write: the request conflicts with what the
+    /// ledger holds.
+    #[error("ledger constraint refused the change: {0}")]
+    Constraint(String),
+    /// The database cannot be reached or is busy (connection lost, pool exhausted, I/O, a full
+    /// disk, a lock held too long, a serialization failure): a later attempt may succeed.
+    #[error("ledger database unavailable: {0}")]
+    Unavailable(String),
+    /// The database could not be opened, migrated or written, for any other reason.
     #[error("ledger database error: {0}")]
     Database(String),
     /// The store's writer has stopped (the process is shutting down).
@@ -25,8 +33,43 @@ pub enum LedgerError {
     /// The store refuses to start calls for now (PostgreSQL: this process lost the lock that
     /// tells other replicas it is alive); the message says why. Retrying later may succeed.
     #[error("{0}")]
-    Unavailable(String),
+    NotLive(String),
     /// The store was opened read-only (for `ledger verify` beside a running gateway).
     #[error("ledger opened read-only: it cannot be written")]
     ReadOnly,
+}
+
+/// What kind of failure a [`LedgerError`] is: decides the gRPC status the gateway answers
+/// with and whether the caller may retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LedgerErrorKind {
+    /// The thing to create exists already.
+    AlreadyExists,
+    /// A referenced thing does not exist.
+    NotFound,
+    /// A constraint refused the change.
+    Constraint,
+    /// The database is unreachable, busy or shutting down: retry later.
+    Transient,
+    /// Anything else (a corrupt row, a missing table, a bug): not worth retrying.
+    Internal,
+}
+
+impl LedgerError {
+    /// The kind of failure.
+    pub fn kind(&self) -> LedgerErrorKind {
+        match self {
+            LedgerError::AlreadyExists(_) => LedgerErrorKind::AlreadyExists,
+            LedgerError::NotFound(_) => LedgerErrorKind::NotFound,
+            LedgerError::Constraint(_) => LedgerErrorKind::Constraint,
+            LedgerError::Unavailable(_) | LedgerError::NotLive(_) | LedgerError::Closed => {
+                LedgerErrorKind::Transient
+            }
+            LedgerError::Corrupt(_)
+            | LedgerError::Database(_)
+            | LedgerError::InUse(_)
+            | LedgerError::ReadOnly => LedgerErrorKind::Internal,
+        }
+    }
 }

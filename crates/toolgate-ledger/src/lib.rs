@@ -19,7 +19,7 @@ mod tests;
 mod verify;
 
 pub use chain::{GENESIS_HASH, event_hash};
-pub use error::LedgerError;
+pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;
 pub use pg::{PgOptions, PgStore};
 pub use sqlite::{SqliteStore, WriterStats};

@@ -22,7 +22,7 @@
 //!   call whose owner's lock can be taken belongs to a process that is gone, and only those are
 //!   reported by `list_running_calls`. The connection holding the lock is checked every
 //!   second (`liveness`); while it is lost, the store records no new `running` call and no
-//!   approval claim (`LedgerError::Unavailable`), and takes the lock again on a new connection
+//!   approval claim (`LedgerError::NotLive`), and takes the lock again on a new connection
 //!   under the same key.
 //! - **Fan-out**: every batch that appends events also notifies the schema's channel (see
 //!   `events_channel`; delivered at commit); each store listens and ticks

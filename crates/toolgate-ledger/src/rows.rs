@@ -103,8 +103,8 @@ pub(crate) fn write_failure(
     match SqlFailure::classify(error) {
         SqlFailure::Unique => Fail::Op(LedgerError::AlreadyExists(exists())),
         SqlFailure::ForeignKey => Fail::Op(missing()),
-        SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
-        SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
+        SqlFailure::Constraint(message) => Fail::Op(LedgerError::Constraint(message)),
+        SqlFailure::Fatal(message) => Fail::Fatal(database_error(error, message)),
     }
 }
 
@@ -115,7 +115,7 @@ pub(crate) fn read_failure(error: sqlx::Error) -> Fail {
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
             Fail::Op(LedgerError::Corrupt(error.to_string()))
         }
-        other => Fail::Fatal(LedgerError::Database(other.to_string())),
+        other => Fail::Fatal(database_error(&other, other.to_string())),
     }
 }
 
@@ -125,8 +125,53 @@ pub(crate) fn read_error(error: sqlx::Error) -> LedgerError {
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
             LedgerError::Corrupt(error.to_string())
         }
-        other => LedgerError::Database(other.to_string()),
+        other => database_error(&other, other.to_string()),
     }
+}
+
+/// `message` as the error it is: [`LedgerError::Unavailable`] when `error` is transient (a
+/// later attempt may succeed), [`LedgerError::Database`] otherwise.
+pub(crate) fn database_error(error: &sqlx::Error, message: String) -> LedgerError {
+    if is_transient(error) {
+        LedgerError::Unavailable(message)
+    } else {
+        LedgerError::Database(message)
+    }
+}
+
+/// Whether the database is unreachable, busy or out of resources rather than refusing the
+/// statement itself: lost connections, an exhausted pool, I/O errors, SQLite's busy, locked,
+/// I/O, full, read-only and cannot-open codes, PostgreSQL's connection (08), resource (53),
+/// operator (57: shutdown, cancel) and system (58) classes, serialization failures and
+/// deadlocks (40001, 40P01) and lock timeouts (55P03).
+pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let Some(code) = db.code() else {
+                return false;
+            };
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // Extended result codes carry the primary code in the low byte.
+                let primary = code.parse::<u32>().map_or(0, |extended| extended & 0xff);
+                // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL,
+                // SQLITE_CANTOPEN.
+                return matches!(primary, 5 | 6 | 8 | 10 | 13 | 14);
+            }
+            is_transient_sqlstate(&code)
+        }
+        _ => false,
+    }
+}
+
+/// The PostgreSQL SQLSTATEs of [`is_transient`].
+pub(crate) fn is_transient_sqlstate(code: &str) -> bool {
+    matches!(code.get(..2), Some("08" | "53" | "57" | "58"))
+        || matches!(code, "40001" | "40P01" | "55P03")
 }
 
 /// A result row of either backend, read column by column.

@@ -36,6 +36,16 @@ impl Caller {
     }
 }
 
+/// PERMISSION_DENIED for a valid token of another role: the caller is known, the call is not
+/// theirs to make (a missing or unknown token is UNAUTHENTICATED instead).
+pub(crate) fn wrong_role(needed: Role, held: Role) -> Status {
+    Status::permission_denied(format!(
+        "PERMISSION_DENIED: this call needs an {} token, not an {} token",
+        needed.as_str(),
+        held.as_str()
+    ))
+}
+
 /// A freshly issued token: its stored record and the secret to show once.
 #[derive(Debug)]
 pub(crate) struct IssuedToken {
@@ -125,11 +135,13 @@ impl Authenticator {
         {
             return Ok(caller.clone());
         }
+        // A store failure answers by its kind, never with the database's text: the caller may
+        // not even hold a token.
         let record = self
             .store
             .find_token(&hash)
             .await
-            .map_err(|e| Status::unavailable(format!("token store unavailable: {e}")))?;
+            .map_err(|e| crate::convert::store_status(&e))?;
         let Some(record) = record.filter(|r| !r.revoked) else {
             return Err(Status::unauthenticated(
                 "UNAUTHENTICATED: unknown or revoked token",
@@ -158,11 +170,7 @@ impl Authenticator {
     ) -> Result<Caller, Status> {
         let caller = self.authenticate(request).await?;
         if caller.role != role {
-            return Err(Status::permission_denied(format!(
-                "UNAUTHENTICATED: this call needs a {} token, not a {} token",
-                role.as_str(),
-                caller.role.as_str()
-            )));
+            return Err(wrong_role(role, caller.role));
         }
         Ok(caller)
     }
@@ -178,5 +186,41 @@ impl Authenticator {
             .write()
             .expect("token cache lock")
             .retain(|_, (caller, _)| caller.token_id != token_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_role_is_permission_denied_and_says_so() {
+        let cases = [
+            (
+                Role::Admin,
+                Role::Agent,
+                "needs an admin token, not an agent token",
+            ),
+            (
+                Role::Agent,
+                Role::Admin,
+                "needs an agent token, not an admin token",
+            ),
+            (
+                Role::Approver,
+                Role::Agent,
+                "needs an approver token, not an agent token",
+            ),
+        ];
+        for (needed, held, says) in cases {
+            let status = wrong_role(needed, held);
+            assert_eq!(status.code(), tonic::Code::PermissionDenied);
+            assert!(status.message().contains(says), "{}", status.message());
+            assert!(
+                !status.message().contains("UNAUTHENTICATED"),
+                "{}",
+                status.message()
+            );
+        }
     }
 }

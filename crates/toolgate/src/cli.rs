@@ -15,45 +15,190 @@ use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
 use crate::convert;
 
-/// Where the gateway is and how to authenticate. Tokens never come from the command line
-/// (it shows in process listings): from `TOOLGATE_TOKEN` or a file.
+/// Where the gateway is and how to authenticate. Each command uses a token of its own role and
+/// never another role's: `TOOLGATE_AGENT_TOKEN` for `call`, `TOOLGATE_APPROVER_TOKEN` for
+/// `approvals`, and for `admin` and `secrets` the admin token file the gateway writes on first
+/// start (or `TOOLGATE_ADMIN_TOKEN`). Tokens never come from the command line (it shows in
+/// process listings): from those variables or `--token-file`.
 #[derive(Debug, Args)]
 pub(crate) struct Connection {
-    /// The gateway's address.
+    /// The gateway's address. A gateway that is still starting is waited for up to 10 s.
     #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
     addr: String,
-    /// A file holding the bearer token (used when TOOLGATE_TOKEN is unset).
-    #[arg(long, default_value = "toolgate-admin.token")]
-    token_file: PathBuf,
+    /// A file holding the token, instead of the role's variable (admin commands: instead of
+    /// TOOLGATE_ADMIN_TOKEN and ./toolgate-admin.token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
 
-impl Connection {
-    fn token(&self) -> anyhow::Result<String> {
-        if let Ok(token) = std::env::var("TOOLGATE_TOKEN") {
-            return Ok(token.trim().to_owned());
+/// The role a command needs a token of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TokenRole {
+    Agent,
+    Approver,
+    Admin,
+}
+
+impl TokenRole {
+    fn name(self) -> &'static str {
+        match self {
+            TokenRole::Agent => "agent",
+            TokenRole::Approver => "approver",
+            TokenRole::Admin => "admin",
         }
-        let text = std::fs::read_to_string(&self.token_file).with_context(|| {
-            format!(
-                "no token: set TOOLGATE_TOKEN or pass --token-file (tried {})",
-                self.token_file.display()
-            )
-        })?;
-        Ok(text.trim().to_owned())
     }
 
-    async fn channel(&self) -> anyhow::Result<(Channel, MetadataValue<tonic::metadata::Ascii>)> {
-        let token = self.token()?;
+    /// The variable holding this role's token.
+    fn variable(self) -> &'static str {
+        match self {
+            TokenRole::Agent => "TOOLGATE_AGENT_TOKEN",
+            TokenRole::Approver => "TOOLGATE_APPROVER_TOKEN",
+            TokenRole::Admin => "TOOLGATE_ADMIN_TOKEN",
+        }
+    }
+}
+
+/// Where the admin token is when nothing else is said: the file the gateway writes on first
+/// start in its working directory.
+const DEFAULT_ADMIN_TOKEN_FILE: &str = "toolgate-admin.token";
+
+/// How long a command waits for a gateway that refuses connections (one still starting).
+const CONNECT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Connection {
+    /// The token for `role`: `--token-file`, else the role's variable, else (admin only) the
+    /// gateway's admin token file. Never another role's token.
+    fn token(&self, role: TokenRole) -> anyhow::Result<String> {
+        let variable = role.variable();
+        let (token, source) = if let Some(file) = &self.token_file {
+            (
+                read_token_file(file)?,
+                format!("--token-file {}", file.display()),
+            )
+        } else if let Some(value) = std::env::var(variable)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            (value.trim().to_owned(), variable.to_owned())
+        } else if role == TokenRole::Admin {
+            let file = PathBuf::from(DEFAULT_ADMIN_TOKEN_FILE);
+            let token = read_token_file(&file).with_context(|| {
+                format!(
+                    "no admin token: set {variable} or pass --token-file (the gateway writes {} in its working directory on first start)",
+                    file.display()
+                )
+            })?;
+            (token, file.display().to_string())
+        } else {
+            let legacy = if std::env::var_os("TOOLGATE_TOKEN").is_some() {
+                " (TOOLGATE_TOKEN is not read: each command takes the token of its own role)"
+            } else {
+                ""
+            };
+            bail!(
+                "no {role} token: set {variable} to the token `toolgate admin tokens create --role {role} --tenant TENANT` printed, or pass --token-file{legacy}",
+                role = role.name()
+            );
+        };
+        // Tokens name their role (`tg_<role>_...`): refuse to send another role's.
+        let held = ["agent", "approver", "admin"]
+            .into_iter()
+            .find(|name| token.starts_with(&format!("tg_{name}_")));
+        if let Some(held) = held
+            && held != role.name()
+        {
+            bail!(
+                "{source} holds an {held} token, but this command needs an {} token",
+                role.name()
+            );
+        }
+        Ok(token)
+    }
+
+    async fn channel(
+        &self,
+        role: TokenRole,
+    ) -> anyhow::Result<(Channel, MetadataValue<tonic::metadata::Ascii>)> {
+        // A token that comes from the environment or a named file is checked before anything
+        // is sent; the admin token file may appear only once a starting gateway listens.
+        let early = match (role, &self.token_file) {
+            (TokenRole::Admin, None) if std::env::var_os(role.variable()).is_none() => None,
+            _ => Some(self.token(role)?),
+        };
+        let endpoint = Channel::from_shared(self.addr.clone())
+            .with_context(|| format!("invalid address `{}`", self.addr))?;
+        let started = std::time::Instant::now();
+        let channel = loop {
+            match endpoint.connect().await {
+                Ok(channel) => break channel,
+                Err(error) if refused(&error) && started.elapsed() < CONNECT_PATIENCE => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(error) => {
+                    return Err(anyhow::Error::new(error).context(format!(
+                        "cannot reach the gateway at {} (is `toolgate serve` running there?)",
+                        self.addr
+                    )));
+                }
+            }
+        };
+        let token = match early {
+            Some(token) => token,
+            None => self.token(role)?,
+        };
         let header: MetadataValue<_> = format!("Bearer {token}")
             .parse()
             .context("the token contains characters not allowed in a header")?;
-        let channel = Channel::from_shared(self.addr.clone())
-            .with_context(|| format!("invalid address `{}`", self.addr))?
-            .connect()
-            .await
-            .with_context(|| format!("cannot reach the gateway at {}", self.addr))?;
         Ok((channel, header))
     }
 }
+
+fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        bail!("the token file {} is empty", path.display());
+    }
+    Ok(token.to_owned())
+}
+
+/// Whether connecting failed because nothing listens (yet) at the address.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
+/// The exit codes, shown in `toolgate --help` and the README.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes:
+  0  done: the command did what it says (a call that succeeded, an approval that executed a
+     call that succeeded, a rejection or continue applied, a ledger whose chains verify)
+  1  error: the command could not be done (gateway unreachable, request refused, no token,
+     bad input, an invalid policy file)
+  2  usage: the command line is wrong
+  3  the tool call did not succeed (refused, failed, timed out, outcome unknown)
+  4  the tool call waits for an approver's decision
+  5  the decision was not applied (another decision came first, or a policy denial cannot be
+     approved)
+  6  the ledger's audit chains do not verify";
+
+/// `toolgate call`: the call did not succeed.
+const EXIT_CALL_NOT_SUCCEEDED: u8 = 3;
+/// `toolgate call`: the call waits for approval.
+const EXIT_WAITING_APPROVAL: u8 = 4;
+/// `toolgate approvals`: the decision did not apply.
+const EXIT_NOT_DECIDED: u8 = 5;
+/// `ledger verify`, `admin verify-ledger`: tampering found.
+const EXIT_CHAIN_BROKEN: u8 = 6;
 
 fn authed<T>(message: T, header: &MetadataValue<tonic::metadata::Ascii>) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -194,7 +339,7 @@ pub(crate) enum PolicyCommand {
 
 /// Runs an admin subcommand.
 pub(crate) async fn admin(conn: Connection, command: AdminCommand) -> anyhow::Result<ExitCode> {
-    let (channel, header) = conn.channel().await?;
+    let (channel, header) = conn.channel(TokenRole::Admin).await?;
     let mut client = AdminServiceClient::new(channel);
     let h = &header;
     let value = match command {
@@ -425,7 +570,7 @@ pub(crate) async fn admin(conn: Connection, command: AdminCommand) -> anyhow::Re
             return Ok(if ok {
                 ExitCode::SUCCESS
             } else {
-                ExitCode::FAILURE
+                ExitCode::from(EXIT_CHAIN_BROKEN)
             });
         }
     };
@@ -481,7 +626,7 @@ pub(crate) struct CallArgs {
 
 /// Runs `toolgate call`.
 pub(crate) async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
-    let (channel, header) = args.conn.channel().await?;
+    let (channel, header) = args.conn.channel(TokenRole::Agent).await?;
     let mut client = AgentServiceClient::new(channel);
     let run_id = if args.run.is_empty() {
         client
@@ -526,7 +671,7 @@ pub(crate) async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
         serde_json::from_str(&result.result_json)
             .unwrap_or(Value::String(result.result_json.clone()))
     };
-    let succeeded = status == "succeeded";
+    let code = call_exit_code(&status);
     print_json(&json!({
         "run_id": run_id,
         "tool_call_id": result.tool_call_id,
@@ -540,11 +685,16 @@ pub(crate) async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
         "duration_ms": result.duration_ms,
         "replayed": result.replayed,
     }));
-    Ok(if succeeded {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(2)
-    })
+    Ok(ExitCode::from(code))
+}
+
+/// The exit code of a call that ended with `status` (lower case, as printed).
+fn call_exit_code(status: &str) -> u8 {
+    match status {
+        "succeeded" => 0,
+        "waiting_approval" => EXIT_WAITING_APPROVAL,
+        _ => EXIT_CALL_NOT_SUCCEEDED,
+    }
 }
 
 /// Runs `toolgate tools`.
@@ -617,7 +767,7 @@ pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
-                ExitCode::FAILURE
+                ExitCode::from(EXIT_CHAIN_BROKEN)
             })
         }
     }
@@ -664,7 +814,7 @@ pub(crate) enum SecretsCommand {
 
 /// Runs a secrets subcommand.
 pub(crate) async fn secrets(conn: Connection, command: SecretsCommand) -> anyhow::Result<ExitCode> {
-    let (channel, header) = conn.channel().await?;
+    let (channel, header) = conn.channel(TokenRole::Admin).await?;
     let mut client = AdminServiceClient::new(channel);
     let h = &header;
     let info = |s: pb::SecretInfo| {
@@ -781,7 +931,7 @@ fn read_secret_value(file: Option<&std::path::Path>) -> anyhow::Result<String> {
     Ok(trimmed.to_owned())
 }
 
-/// `toolgate approvals` subcommands (needs an approver token, from TOOLGATE_TOKEN or
+/// `toolgate approvals` subcommands (needs an approver token, from TOOLGATE_APPROVER_TOKEN or
 /// --token-file).
 #[derive(Debug, Subcommand)]
 pub(crate) enum ApprovalsCommand {
@@ -837,7 +987,7 @@ pub(crate) async fn approvals(
     command: ApprovalsCommand,
 ) -> anyhow::Result<ExitCode> {
     use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
-    let (channel, header) = conn.channel().await?;
+    let (channel, header) = conn.channel(TokenRole::Approver).await?;
     let mut client = ApprovalServiceClient::new(channel);
     let h = &header;
     let (run_id, invocation_id, reason, decision) = match command {
@@ -902,13 +1052,67 @@ pub(crate) async fn approvals(
             "error_message": result.error_message,
         })
     });
-    let settled = matches!(outcome.as_str(), "executed" | "rejected");
+    let executed_status = result
+        .as_ref()
+        .and_then(|r| r["status"].as_str().map(str::to_owned));
+    let code = resume_exit_code(&outcome, executed_status.as_deref());
     print_json(
         &json!({"outcome": outcome, "tool_call_id": r.tool_call_id, "expired": r.expired, "result": result}),
     );
-    Ok(if settled {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(2)
-    })
+    Ok(ExitCode::from(code))
+}
+
+/// The exit code of a decision: 0 when it applied (a rejection, a continue, an approval whose
+/// execution succeeded), the call's own code when an approved execution did not succeed, and
+/// [`EXIT_NOT_DECIDED`] when the decision did not apply.
+fn resume_exit_code(outcome: &str, executed_status: Option<&str>) -> u8 {
+    match outcome {
+        "executed" => call_exit_code(executed_status.unwrap_or_default()),
+        "rejected" | "continued" => 0,
+        _ => EXIT_NOT_DECIDED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_mean_what_they_say() {
+        let calls = [
+            ("succeeded", 0),
+            ("waiting_approval", EXIT_WAITING_APPROVAL),
+            ("failed", EXIT_CALL_NOT_SUCCEEDED),
+            ("blocked", EXIT_CALL_NOT_SUCCEEDED),
+            ("timed_out", EXIT_CALL_NOT_SUCCEEDED),
+            ("outcome_unknown", EXIT_CALL_NOT_SUCCEEDED),
+        ];
+        for (status, code) in calls {
+            assert_eq!(call_exit_code(status), code, "{status}");
+        }
+        let decisions = [
+            ("executed", Some("succeeded"), 0),
+            ("executed", Some("failed"), EXIT_CALL_NOT_SUCCEEDED),
+            ("rejected", None, 0),
+            ("continued", None, 0),
+            ("claim_lost", None, EXIT_NOT_DECIDED),
+            ("policy_denial_terminal", None, EXIT_NOT_DECIDED),
+        ];
+        for (outcome, status, code) in decisions {
+            assert_eq!(resume_exit_code(outcome, status), code, "{outcome}");
+        }
+        // Usage errors are clap's 2; none of ours collides with it or with 1.
+        for code in [
+            EXIT_CALL_NOT_SUCCEEDED,
+            EXIT_WAITING_APPROVAL,
+            EXIT_NOT_DECIDED,
+            EXIT_CHAIN_BROKEN,
+        ] {
+            assert!(code > 2, "{code}");
+            assert!(
+                EXIT_CODES.contains(&format!("  {code}  ")),
+                "{code} is documented"
+            );
+        }
+    }
 }

@@ -19,6 +19,8 @@ pub(crate) const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
 pub(crate) struct Config {
     /// Where the gRPC server listens.
     pub(crate) listen: SocketAddr,
+    /// How long a shutdown waits for calls in flight before abandoning them.
+    pub(crate) drain_timeout: Duration,
     /// The ledger: a SQLite file or a PostgreSQL database.
     pub(crate) database: Database,
     /// Where the first admin token is written on first start.
@@ -75,6 +77,7 @@ struct RawSecrets {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     listen: Option<String>,
+    drain_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -121,6 +124,7 @@ struct RawSlack {
 /// The environment variables read, each naming the config key it overrides.
 const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_LISTEN", "server.listen"),
+    ("TOOLGATE_DRAIN_TIMEOUT_MS", "server.drain_timeout_ms"),
     ("TOOLGATE_DATABASE", "storage.database"),
     ("TOOLGATE_DATABASE_SCHEMA", "storage.schema"),
     ("TOOLGATE_ADMIN_TOKEN_FILE", "auth.admin_token_file"),
@@ -132,12 +136,24 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_KEY_FILE", "secrets.key_file"),
 ];
 
+/// The longest drain a shutdown may be configured to wait (an hour).
+const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
+
+/// The drain timeout unless configured.
+const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
+
 /// Variables that are ours but are not config overrides.
 const ENV_OTHER: &[&str] = &[
     "TOOLGATE_CONFIG",
     "TOOLGATE_LOG",
-    "TOOLGATE_TOKEN",
+    // The command-line client's: the gateway's address and one token per role.
     "TOOLGATE_ADDR",
+    "TOOLGATE_AGENT_TOKEN",
+    "TOOLGATE_APPROVER_TOKEN",
+    "TOOLGATE_ADMIN_TOKEN",
+    // Read by earlier versions of the client; tolerated so a shell that still exports it can
+    // start the gateway (the client names it in its error instead).
+    "TOOLGATE_TOKEN",
     // Read by the key loader, not a config key (keys never go in the config file).
     "TOOLGATE_MASTER_KEYS",
     // The PostgreSQL server of the test suite; gateways the tests start inherit it.
@@ -173,15 +189,12 @@ impl Config {
                 if ENV_OTHER.contains(&name.as_str()) {
                     continue;
                 }
-                let known: Vec<&str> = ENV_KEYS
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .chain(ENV_OTHER.iter().copied())
-                    .collect();
-                return Err(format!(
-                    "unknown environment variable {name}; known ones: {}",
-                    known.join(", ")
-                ));
+                // Kubernetes sets these for a Service named `toolgate` (or `toolgate-...`) in
+                // every pod of the namespace; they are accepted only in its exact shapes.
+                if is_kubernetes_service_link(name, value) {
+                    continue;
+                }
+                return Err(unknown_variable(name));
             };
             let number = |v: &str| -> Result<u64, String> {
                 v.parse::<u64>().map_err(|_| {
@@ -190,6 +203,7 @@ impl Config {
             };
             match *key {
                 "server.listen" => raw.server.listen = Some(value.clone()),
+                "server.drain_timeout_ms" => raw.server.drain_timeout_ms = Some(number(value)?),
                 "storage.database" => raw.storage.database = Some(value.clone()),
                 "storage.schema" => raw.storage.schema = Some(value.clone()),
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
@@ -237,6 +251,15 @@ impl Config {
         let listen: SocketAddr = listen_text.parse().map_err(|_| {
             format!("server.listen must be an address like 127.0.0.1:50051, got `{listen_text}`")
         })?;
+        let drain_timeout_ms = raw
+            .server
+            .drain_timeout_ms
+            .unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS);
+        if drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            return Err(format!(
+                "server.drain_timeout_ms must be at most {MAX_DRAIN_TIMEOUT_MS} (an hour), got {drain_timeout_ms}"
+            ));
+        }
         let database = raw
             .storage
             .database
@@ -308,6 +331,7 @@ impl Config {
         }
         Ok(Config {
             listen,
+            drain_timeout: Duration::from_millis(drain_timeout_ms),
             database,
             admin_token_file: PathBuf::from(
                 raw.auth
@@ -325,6 +349,130 @@ impl Config {
             slack,
         })
     }
+}
+
+/// The error for a `TOOLGATE_*` variable that is neither ours nor a Kubernetes service link:
+/// the closest known name when there is one (a typo), and the list of known names.
+fn unknown_variable(name: &str) -> String {
+    let known: Vec<&str> = ENV_KEYS
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(ENV_OTHER.iter().copied())
+        .collect();
+    let closest = known
+        .iter()
+        .map(|candidate| (edit_distance(name, candidate), *candidate))
+        .min_by_key(|(distance, _)| *distance)
+        .filter(|(distance, candidate)| *distance <= typo_allowance(candidate));
+    // `TOOLGATE_LISTEN_ADDRESS` or `TOOLGATE_MAX_TIMEOUT`: a known name with a word added or
+    // left out.
+    let extended = known
+        .iter()
+        .filter(|candidate| {
+            name.starts_with(&format!("{candidate}_")) || candidate.starts_with(&format!("{name}_"))
+        })
+        .max_by_key(|candidate| candidate.len());
+    let hint = match (closest, extended) {
+        (Some((_, candidate)), _) | (None, Some(&candidate)) => {
+            format!(" (did you mean {candidate}?)")
+        }
+        (None, None) => String::new(),
+    };
+    format!(
+        "unknown environment variable {name}{hint}; known ones: {}",
+        known.join(", ")
+    )
+}
+
+/// How many edits still count as a typo of `name`: two, three for long names.
+fn typo_allowance(name: &str) -> usize {
+    if name.len() > 24 { 3 } else { 2 }
+}
+
+/// The optimal string alignment distance: insertions, deletions, substitutions and
+/// transpositions of neighbours each count one (`DATABSE` is one from `DATABASE`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let width = b.len() + 1;
+    let mut d = vec![0usize; (a.len() + 1) * width];
+    for i in 0..=a.len() {
+        d[i * width] = i;
+    }
+    for (j, cell) in d.iter_mut().enumerate().take(width) {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[(i - 1) * width + j] + 1)
+                .min(d[i * width + j - 1] + 1)
+                .min(d[(i - 1) * width + j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[(i - 2) * width + j - 2] + 1);
+            }
+            d[i * width + j] = best;
+        }
+    }
+    d[a.len() * width + b.len()]
+}
+
+/// Whether `name=value` is one of the variables Kubernetes injects for a Service named
+/// `toolgate` or `toolgate-<something>` (docker-link style): `<SVC>_SERVICE_HOST` (an IP),
+/// `<SVC>_SERVICE_PORT` and `<SVC>_SERVICE_PORT_<PORTNAME>` (a port), `<SVC>_PORT`
+/// (`<proto>://<ip>:<port>`), `<SVC>_PORT_<n>_<PROTO>` (the same, for port n),
+/// `<SVC>_PORT_<n>_<PROTO>_PROTO` (`tcp`), `..._PORT` (n) and `..._ADDR` (an IP), where `<SVC>`
+/// is the service name in upper case with `-` as `_`. Name and value must both have the
+/// shape, so a misspelled setting is not taken for one.
+fn is_kubernetes_service_link(name: &str, value: &str) -> bool {
+    let Some(rest) = name.strip_prefix("TOOLGATE") else {
+        return false;
+    };
+    let Some(rest) = rest.strip_prefix('_') else {
+        return false;
+    };
+    let tokens: Vec<&str> = rest.split('_').collect();
+    let word = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+    };
+    if !tokens.iter().all(|t| word(t)) {
+        return false;
+    }
+    let ip = |v: &str| v.parse::<std::net::IpAddr>().is_ok();
+    let port = |v: &str| v.parse::<u16>().is_ok_and(|p| p > 0);
+    let protocol = |t: &str| matches!(t, "TCP" | "UDP" | "SCTP");
+    // `tcp://10.0.0.1:50051`, `tcp://[fd00::1]:50051`, optionally for one protocol and port.
+    let url = |v: &str, proto: Option<&str>, number: Option<&str>| {
+        let Some((scheme, address)) = v.split_once("://") else {
+            return false;
+        };
+        let Ok(address) = address.parse::<SocketAddr>() else {
+            return false;
+        };
+        protocol(&scheme.to_ascii_uppercase())
+            && scheme.bytes().all(|b| b.is_ascii_lowercase())
+            && proto.is_none_or(|p| p.eq_ignore_ascii_case(scheme))
+            && number.is_none_or(|n| n.parse::<u16>().is_ok_and(|n| n == address.port()))
+    };
+    // Every split of the tokens into a service part (empty for `toolgate` itself) and a
+    // suffix; one that fits is enough.
+    (0..tokens.len()).any(|split| {
+        let suffix = &tokens[split..];
+        match suffix {
+            ["SERVICE", "HOST"] => ip(value),
+            ["SERVICE", "PORT"] | ["SERVICE", "PORT", _, ..] => port(value),
+            ["PORT"] => url(value, None, None),
+            ["PORT", n, proto] => port(n) && protocol(proto) && url(value, Some(proto), Some(n)),
+            ["PORT", n, proto, "PROTO"] => {
+                port(n) && protocol(proto) && value == proto.to_ascii_lowercase()
+            }
+            ["PORT", n, proto, "PORT"] => port(n) && protocol(proto) && value == *n,
+            ["PORT", n, proto, "ADDR"] => port(n) && protocol(proto) && ip(value),
+            _ => false,
+        }
+    })
 }
 
 fn read_file(path: &Path) -> Result<RawConfig, String> {
@@ -399,6 +547,114 @@ mod tests {
             let err = load(text, pairs).unwrap_err();
             assert!(err.contains(key), "{text:?} {pairs:?}: {err}");
         }
+    }
+
+    /// The variables Kubernetes sets for Services named `toolgate` (ports `grpc` 50051/TCP and
+    /// `metrics` 9090/TCP) and `toolgate-admin` (one unnamed port), as `kubectl exec env` shows.
+    const KUBERNETES: &[(&str, &str)] = &[
+        ("TOOLGATE_SERVICE_HOST", "10.96.12.34"),
+        ("TOOLGATE_SERVICE_PORT", "50051"),
+        ("TOOLGATE_SERVICE_PORT_GRPC", "50051"),
+        ("TOOLGATE_SERVICE_PORT_METRICS", "9090"),
+        ("TOOLGATE_PORT", "tcp://10.96.12.34:50051"),
+        ("TOOLGATE_PORT_50051_TCP", "tcp://10.96.12.34:50051"),
+        ("TOOLGATE_PORT_50051_TCP_PROTO", "tcp"),
+        ("TOOLGATE_PORT_50051_TCP_PORT", "50051"),
+        ("TOOLGATE_PORT_50051_TCP_ADDR", "10.96.12.34"),
+        ("TOOLGATE_PORT_9090_TCP", "tcp://10.96.12.34:9090"),
+        ("TOOLGATE_PORT_9090_TCP_PROTO", "tcp"),
+        ("TOOLGATE_PORT_9090_TCP_PORT", "9090"),
+        ("TOOLGATE_PORT_9090_TCP_ADDR", "10.96.12.34"),
+        ("TOOLGATE_ADMIN_SERVICE_HOST", "fd00::1a"),
+        ("TOOLGATE_ADMIN_SERVICE_PORT", "8080"),
+        ("TOOLGATE_ADMIN_PORT", "tcp://[fd00::1a]:8080"),
+        ("TOOLGATE_ADMIN_PORT_8080_TCP", "tcp://[fd00::1a]:8080"),
+        ("TOOLGATE_ADMIN_PORT_8080_TCP_PROTO", "tcp"),
+        ("TOOLGATE_ADMIN_PORT_8080_TCP_PORT", "8080"),
+        ("TOOLGATE_ADMIN_PORT_8080_TCP_ADDR", "fd00::1a"),
+        ("TOOLGATE_DNS_PORT_53_UDP", "udp://10.96.0.10:53"),
+        ("TOOLGATE_DNS_PORT_53_UDP_PROTO", "udp"),
+    ];
+
+    #[test]
+    fn kubernetes_service_links_are_accepted() {
+        for pair in KUBERNETES {
+            assert!(is_kubernetes_service_link(pair.0, pair.1), "{pair:?}");
+        }
+        let config = load("", KUBERNETES).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
+    }
+
+    #[test]
+    fn lookalikes_of_service_links_are_refused() {
+        let cases: &[(&str, &str)] = &[
+            ("TOOLGATE_LISTEN_PORT", "50051"),
+            ("TOOLGATE_PORT", "50051"),
+            ("TOOLGATE_PORT", "http://10.0.0.1:50051"),
+            ("TOOLGATE_PORT", "TCP://10.0.0.1:50051"),
+            ("TOOLGATE_SERVICE_HOST", "toolgate.default.svc"),
+            ("TOOLGATE_SERVICE_PORT", "0"),
+            ("TOOLGATE_SERVICE_PORT_GRPC", "grpc"),
+            ("TOOLGATE_PORT_50051_TCP", "tcp://10.0.0.1:50052"),
+            ("TOOLGATE_PORT_50051_TCP", "udp://10.0.0.1:50051"),
+            ("TOOLGATE_PORT_50051_TCP_PROTO", "udp"),
+            ("TOOLGATE_PORT_50051_TCP_PORT", "50052"),
+            ("TOOLGATE_PORT_50051_HTTP_ADDR", "10.0.0.1"),
+            ("TOOLGATE_PORT_50051_TCP_ADDR", "localhost"),
+            ("TOOLGATE_PORT_X_TCP_ADDR", "10.0.0.1"),
+            ("TOOLGATE__SERVICE_HOST", "10.0.0.1"),
+            ("TOOLGATE_admin_SERVICE_HOST", "10.0.0.1"),
+        ];
+        // Not ours at all (and not read): a Service named `toolgatex`.
+        assert!(!is_kubernetes_service_link(
+            "TOOLGATEX_SERVICE_HOST",
+            "10.0.0.1"
+        ));
+        for (name, value) in cases {
+            assert!(!is_kubernetes_service_link(name, value), "{name}={value}");
+            let err = load("", &[(name, value)]).unwrap_err();
+            assert!(err.contains(name), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn typos_are_refused_with_a_suggestion() {
+        let cases: &[(&str, &str)] = &[
+            ("TOOLGATE_DATABSE", "TOOLGATE_DATABASE"),
+            ("TOOLGATE_LISTN", "TOOLGATE_LISTEN"),
+            ("TOOLGATE_LISTNE", "TOOLGATE_LISTEN"),
+            ("TOOLGATE_MAX_TIMEOUT", "TOOLGATE_MAX_TIMEOUT_MS"),
+            ("TOOLGATE_DRAIN_TIMEOUT_SM", "TOOLGATE_DRAIN_TIMEOUT_MS"),
+            ("TOOLGATE_MASTER_KEY", "TOOLGATE_MASTER_KEYS"),
+            ("TOOLGATE_AGENT_TOKN", "TOOLGATE_AGENT_TOKEN"),
+            ("TOOLGATE_LISTEN_PORT", "TOOLGATE_LISTEN"),
+        ];
+        for (typo, meant) in cases {
+            let err = load("", &[(typo, "127.0.0.1:1")]).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "unknown environment variable {typo} (did you mean {meant}?)"
+                )),
+                "{typo}: {err}"
+            );
+        }
+        let err = load("", &[("TOOLGATE_FROBNICATE", "1")]).unwrap_err();
+        assert!(!err.contains("did you mean"), "{err}");
+        assert!(err.contains("TOOLGATE_FROBNICATE"), "{err}");
+    }
+
+    #[test]
+    fn the_drain_timeout_is_read_and_bounded() {
+        assert_eq!(
+            load("", &[]).unwrap().drain_timeout,
+            Duration::from_secs(30)
+        );
+        let config = load("[server]\ndrain_timeout_ms = 1500", &[]).unwrap();
+        assert_eq!(config.drain_timeout, Duration::from_millis(1500));
+        let config = load("", &[("TOOLGATE_DRAIN_TIMEOUT_MS", "0")]).unwrap();
+        assert_eq!(config.drain_timeout, Duration::ZERO);
+        let err = load("[server]\ndrain_timeout_ms = 3600001", &[]).unwrap_err();
+        assert!(err.contains("server.drain_timeout_ms"), "{err}");
     }
 
     #[test]

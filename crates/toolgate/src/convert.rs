@@ -1,11 +1,23 @@
 //! Hand-written conversions between wire types and domain types, and the one place engine
 //! errors become gRPC statuses.
 
+use std::sync::LazyLock;
+
 use tonic::Status;
-use toolgate_core::{ToolCallStatus, ToolSpec};
+use toolgate_core::{Redactor, ToolCallStatus, ToolSpec};
 use toolgate_engine::{Catalog, EngineError, ExecuteOutcome, llm_tool_name};
-use toolgate_ledger::{Agent, LedgerError, RunRecord, Tenant, ToolCallRecord};
+use toolgate_ledger::{Agent, LedgerError, LedgerErrorKind, RunRecord, Tenant, ToolCallRecord};
 use toolgate_proto::v1 as pb;
+
+/// What a caller is told when the ledger is unreachable or busy: retrying later may work.
+pub(crate) const LEDGER_UNAVAILABLE: &str =
+    "the gateway's ledger is unavailable at the moment; retry later";
+/// What a caller is told when the ledger refused a change through one of its constraints.
+pub(crate) const LEDGER_CONSTRAINT: &str =
+    "the ledger refused the change: it conflicts with what is recorded";
+/// What a caller is told when the ledger failed in any other way. The detail is in the log.
+pub(crate) const LEDGER_INTERNAL: &str =
+    "the gateway's ledger failed; the gateway log has the detail";
 
 /// Maps an engine error to a gRPC status.
 pub(crate) fn status(err: EngineError) -> Status {
@@ -16,7 +28,7 @@ pub(crate) fn status(err: EngineError) -> Status {
         EngineError::FailedPrecondition(m) => Status::failed_precondition(m),
         err @ EngineError::InvalidPolicy(_) => Status::invalid_argument(err.to_string()),
         EngineError::Unavailable(m) => Status::unavailable(m),
-        EngineError::Ledger(e) => Status::unavailable(format!("ledger unavailable: {e}")),
+        EngineError::Ledger(e) => store_status(&e),
         other => Status::internal(other.to_string()),
     }
 }
@@ -24,6 +36,42 @@ pub(crate) fn status(err: EngineError) -> Status {
 /// Maps a ledger error to a gRPC status.
 pub(crate) fn ledger_status(err: LedgerError) -> Status {
     status(EngineError::from(err))
+}
+
+/// The status of a store failure, by its kind, with a message that names no SQL, table or
+/// column (callers, unauthenticated ones included, learn nothing about the database). The
+/// detail goes to the log, redacted.
+pub(crate) fn store_status(err: &LedgerError) -> Status {
+    static REDACTOR: LazyLock<Redactor> = LazyLock::new(Redactor::new);
+    let detail = err.to_string();
+    let detail = REDACTOR.redact_text(&detail);
+    match err.kind() {
+        LedgerErrorKind::AlreadyExists | LedgerErrorKind::NotFound => {
+            // Our own messages (`tenant `acme` already exists`), never the database's.
+            status(EngineError::from(copy(err)))
+        }
+        LedgerErrorKind::Transient => {
+            tracing::warn!(error = %detail, "ledger unavailable");
+            Status::unavailable(LEDGER_UNAVAILABLE)
+        }
+        LedgerErrorKind::Constraint => {
+            tracing::warn!(error = %detail, "ledger constraint refused a change");
+            Status::failed_precondition(LEDGER_CONSTRAINT)
+        }
+        _ => {
+            tracing::error!(error = %detail, "ledger failed");
+            Status::internal(LEDGER_INTERNAL)
+        }
+    }
+}
+
+/// The two ledger errors whose messages are ours, rebuilt (`LedgerError` is not `Clone`).
+fn copy(err: &LedgerError) -> LedgerError {
+    match err {
+        LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
+        LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
+        _ => LedgerError::Database(String::new()),
+    }
 }
 
 pub(crate) fn call_status(status: ToolCallStatus) -> pb::ToolCallStatus {
@@ -168,4 +216,72 @@ pub(crate) fn parse_id<T, E: std::fmt::Display>(
     parse: impl FnOnce(String) -> Result<T, E>,
 ) -> Result<T, Status> {
     parse(value.to_owned()).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind of store failure gets its status, and none of the database's words reach
+    /// the caller.
+    #[test]
+    fn store_failures_map_by_kind_without_sql() {
+        let sql = "no such table: api_tokens in SELECT id FROM api_tokens WHERE hash = ?";
+        let cases: Vec<(LedgerError, tonic::Code, &str)> = vec![
+            (
+                LedgerError::Unavailable(format!("database is locked: {sql}")),
+                tonic::Code::Unavailable,
+                LEDGER_UNAVAILABLE,
+            ),
+            (
+                LedgerError::Closed,
+                tonic::Code::Unavailable,
+                LEDGER_UNAVAILABLE,
+            ),
+            (
+                LedgerError::Constraint(format!("CHECK constraint failed: {sql}")),
+                tonic::Code::FailedPrecondition,
+                LEDGER_CONSTRAINT,
+            ),
+            (
+                LedgerError::Database(sql.to_owned()),
+                tonic::Code::Internal,
+                LEDGER_INTERNAL,
+            ),
+            (
+                LedgerError::Corrupt(format!("column role: {sql}")),
+                tonic::Code::Internal,
+                LEDGER_INTERNAL,
+            ),
+            (
+                LedgerError::AlreadyExists("tenant `acme`".into()),
+                tonic::Code::AlreadyExists,
+                "tenant `acme` already exists",
+            ),
+            (
+                LedgerError::NotFound("run `r1`".into()),
+                tonic::Code::NotFound,
+                "run `r1` not found",
+            ),
+        ];
+        for (error, code, message) in cases {
+            let shown = format!("{error}");
+            let through_engine = status(EngineError::from(error));
+            assert_eq!(through_engine.code(), code, "{shown}");
+            assert_eq!(through_engine.message(), message, "{shown}");
+            for word in [
+                "SELECT",
+                "api_tokens",
+                "table",
+                "constraint failed",
+                "locked",
+            ] {
+                assert!(
+                    !through_engine.message().contains(word),
+                    "{shown}: {}",
+                    through_engine.message()
+                );
+            }
+        }
+    }
 }

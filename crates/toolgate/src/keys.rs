@@ -8,7 +8,9 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use tokio::sync::Mutex;
 use toolgate_core::{Clock, SecretName, TenantId};
-use toolgate_ledger::{Actor, CredentialKind, CredentialRecord, KeyChange, LedgerError, Store};
+use toolgate_ledger::{
+    Actor, CredentialKind, CredentialRecord, KeyChange, LedgerError, LedgerErrorKind, Store,
+};
 use toolgate_secrets::{
     CredentialRepository, KeyId, KeyRing, Reference, SecretsError, StoredCredential, StoredKind,
     Vault,
@@ -343,11 +345,19 @@ impl CredentialRepository for LedgerCredentials {
         tenant: &TenantId,
         name: &SecretName,
     ) -> Result<Option<StoredCredential>, SecretsError> {
-        let record = self
-            .0
-            .get_credential(tenant, name)
-            .await
-            .map_err(|e| SecretsError::Repository(e.to_string()))?;
+        // The reason reaches the agent (in CREDENTIALS_UNAVAILABLE): it names no SQL; the
+        // detail goes to the log.
+        let record = self.0.get_credential(tenant, name).await.map_err(|error| {
+            let detail = error.to_string();
+            let detail = toolgate_core::Redactor::new()
+                .redact_text(&detail)
+                .into_owned();
+            tracing::warn!(%tenant, secret = %name, error = %detail, "reading a credential failed");
+            SecretsError::Repository(match error.kind() {
+                LedgerErrorKind::Transient => "the ledger is unavailable at the moment".to_owned(),
+                _ => "the ledger failed; the gateway log has the detail".to_owned(),
+            })
+        })?;
         let Some(record) = record else {
             return Ok(None);
         };

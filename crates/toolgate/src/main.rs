@@ -5,6 +5,7 @@ mod auth;
 mod cli;
 mod config;
 mod convert;
+mod drain;
 mod keys;
 mod server;
 mod services;
@@ -18,7 +19,7 @@ use clap::{Parser, Subcommand};
 
 /// toolgate: the audited chokepoint between AI agents and the tools they call.
 #[derive(Debug, Parser)]
-#[command(name = "toolgate", version, about)]
+#[command(name = "toolgate", version, about, after_help = cli::EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,28 +39,32 @@ enum Command {
         #[arg(long)]
         database: Option<String>,
     },
-    /// Administers a running gateway over gRPC (needs an admin token).
+    /// Administers a running gateway over gRPC (needs an admin token: ./toolgate-admin.token,
+    /// TOOLGATE_ADMIN_TOKEN or --token-file).
     Admin {
         #[command(flatten)]
         conn: cli::Connection,
         #[command(subcommand)]
         command: cli::AdminCommand,
     },
-    /// Pending invocations: list, show, approve, reject (needs an approver token).
+    /// Pending invocations: list, show, approve, reject, continue (needs an approver token:
+    /// TOOLGATE_APPROVER_TOKEN or --token-file).
     Approvals {
         #[command(flatten)]
         conn: cli::Connection,
         #[command(subcommand)]
         command: cli::ApprovalsCommand,
     },
-    /// Tenant credentials and master keys on a running gateway (needs an admin token).
+    /// Tenant credentials and master keys on a running gateway (needs an admin token, as
+    /// `admin`).
     Secrets {
         #[command(flatten)]
         conn: cli::Connection,
         #[command(subcommand)]
         command: cli::SecretsCommand,
     },
-    /// Opens a run and executes one tool, printing the outcome as JSON (needs an agent token).
+    /// Opens a run and executes one tool, printing the outcome as JSON (needs an agent token:
+    /// TOOLGATE_AGENT_TOKEN or --token-file).
     Call(cli::CallArgs),
     /// Lists the tools this build serves.
     Tools {
@@ -89,10 +94,20 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(run(cli));
+    // Calls a drain abandoned may still hold tasks: never wait for them on the way out.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            match err.downcast_ref::<tonic::Status>() {
+                // The gateway's answer, without the transport's metadata dump.
+                Some(status) => eprintln!(
+                    "error: the gateway refused the request: {:?}: {}",
+                    status.code(),
+                    status.message()
+                ),
+                None => eprintln!("error: {err:#}"),
+            }
             ExitCode::FAILURE
         }
     }

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
 use crate::config::{Config, SlackSettings};
+use crate::drain::{Drain, Draining};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
 
@@ -104,7 +105,7 @@ pub(crate) fn build_registry(
     Ok(registry)
 }
 
-/// Runs the gateway until Ctrl-C or SIGTERM.
+/// Runs the gateway until Ctrl-C or SIGTERM, then drains it (see [`crate::drain`]).
 pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -175,11 +176,13 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             config_vault,
         ));
     }
+    let drain = Drain::new();
     let shared = Shared {
         engine,
         auth,
         clock,
         keys: key_manager,
+        drain: Arc::clone(&drain),
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -199,16 +202,121 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     info!(address = %local, database = %config.database, startup_ms = started.elapsed().as_millis(), "toolgate listening");
     announce(&format!("toolgate listening on {local}"));
 
-    tonic::transport::Server::builder()
+    // Requests as large as the largest argument the engine accepts must reach it (and be
+    // refused there, naming the limit), and answers carry up to two copies of one.
+    let limits = MessageLimits::for_arguments(config.engine.max_argument_bytes);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(AgentServiceServer::new(AgentApi(shared.clone())))
-        .add_service(ApprovalServiceServer::new(ApprovalApi(shared.clone())))
-        .add_service(AdminServiceServer::new(AdminApi(shared)))
-        .serve_with_incoming_shutdown(incoming, shutdown_signal())
-        .await?;
-    info!("toolgate stopped");
+        .add_service(Draining::new(
+            AgentServiceServer::new(AgentApi(shared.clone()))
+                .max_decoding_message_size(limits.decoding)
+                .max_encoding_message_size(limits.encoding),
+            &drain,
+        ))
+        .add_service(Draining::new(
+            ApprovalServiceServer::new(ApprovalApi(shared.clone()))
+                .max_decoding_message_size(limits.decoding)
+                .max_encoding_message_size(limits.encoding),
+            &drain,
+        ))
+        .add_service(Draining::new(
+            AdminServiceServer::new(AdminApi(shared))
+                .max_decoding_message_size(limits.decoding)
+                .max_encoding_message_size(limits.encoding),
+            &drain,
+        ))
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        });
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        served = &mut server => {
+            served?;
+            return Ok(());
+        }
+        () = shutdown_signal() => {}
+    }
+
+    // The shutdown: refuse new calls and end streams at once, let running calls finish until
+    // the drain timeout, then stop. The server keeps accepting meanwhile, so health checks and
+    // new clients are answered (NOT_SERVING, UNAVAILABLE) rather than left hanging.
+    let deadline = tokio::time::Instant::now() + config.drain_timeout;
+    drain.begin();
+    for service in [
+        "",
+        <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,
+        <AdminServiceServer<AdminApi> as tonic::server::NamedService>::NAME,
+        <ApprovalServiceServer<ApprovalApi> as tonic::server::NamedService>::NAME,
+    ] {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    let in_flight = drain.state().in_flight;
+    info!(
+        calls = in_flight,
+        drain_timeout_ms = config.drain_timeout.as_millis(),
+        "shutting down: new calls are refused, running ones may finish"
+    );
+    let drained = tokio::select! {
+        served = &mut server => {
+            served?;
+            return Ok(());
+        }
+        idle = tokio::time::timeout_at(deadline, drain.idle()) => idle.is_ok(),
+        () = shutdown_signal() => false,
+    };
+    let _ = stop.send(());
+    if drained {
+        // Lets the last answers go out and idle connections close; a client holding a
+        // stream of its own (a health watch) does not hold the process beyond this.
+        match tokio::time::timeout(FLUSH_GRACE, &mut server).await {
+            Ok(served) => served?,
+            Err(_) => info!("connections still open after the drain; closing them"),
+        }
+        info!("toolgate stopped");
+    } else {
+        warn!(
+            calls = drain.state().in_flight,
+            "the drain timeout passed with calls still running; they are abandoned and the next start records them as outcome_unknown"
+        );
+    }
     Ok(())
+}
+
+/// How long, after the last call has finished, the server may take to send the last answers
+/// and close its connections.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// gRPC's own default message limit, which the gateway never goes below.
+const GRPC_DEFAULT_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Room for a request's other fields (run id, tool name, ids) and the encoding around them.
+const MESSAGE_HEADROOM: usize = 1024 * 1024;
+
+/// The largest gRPC messages the gateway's services take and send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MessageLimits {
+    /// Requests: one argument of the configured maximum, plus headroom.
+    pub(crate) decoding: usize,
+    /// Answers: a call's arguments and a result as large (a recorded call holds both).
+    pub(crate) encoding: usize,
+}
+
+impl MessageLimits {
+    pub(crate) fn for_arguments(max_argument_bytes: usize) -> MessageLimits {
+        MessageLimits {
+            decoding: max_argument_bytes
+                .saturating_add(MESSAGE_HEADROOM)
+                .max(GRPC_DEFAULT_LIMIT),
+            encoding: max_argument_bytes
+                .saturating_mul(2)
+                .saturating_add(MESSAGE_HEADROOM)
+                .max(GRPC_DEFAULT_LIMIT),
+        }
+    }
 }
 
 /// Prints a line for people and scripts on stdout.
@@ -260,6 +368,7 @@ pub(crate) fn write_private_file(path: &Path, contents: &str) -> std::io::Result
     file.sync_all()
 }
 
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM; a second one during the drain stops waiting.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -270,10 +379,9 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
+        _ = ctrl_c => info!("SIGINT received"),
+        _ = term.recv() => info!("SIGTERM received"),
     }
-    info!("shutting down");
 }
 
 async fn forget_on_config_change(
@@ -316,6 +424,30 @@ async fn sweep_loop(engine: Arc<Engine>) {
                 "calls of a gateway process that stopped are now outcome_unknown"
             ),
             Err(error) => warn!(%error, "settling interrupted calls failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_limits_follow_the_argument_limit() {
+        let mib = 1024 * 1024;
+        // (max_argument_bytes, requests, answers); small limits keep gRPC's default.
+        let cases = [
+            (1, 4 * mib, 4 * mib),
+            (mib, 4 * mib, 4 * mib),
+            (6 * mib, 7 * mib, 13 * mib),
+            (64 * mib, 65 * mib, 129 * mib),
+        ];
+        for (arguments, decoding, encoding) in cases {
+            assert_eq!(
+                MessageLimits::for_arguments(arguments),
+                MessageLimits { decoding, encoding },
+                "{arguments}"
+            );
         }
     }
 }

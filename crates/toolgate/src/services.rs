@@ -23,6 +23,8 @@ pub(crate) struct Shared {
     pub(crate) auth: Arc<Authenticator>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) keys: Arc<KeyManager>,
+    /// The shutdown state: streams end when a shutdown begins.
+    pub(crate) drain: Arc<crate::drain::Drain>,
 }
 
 /// The agent-facing service.
@@ -87,8 +89,9 @@ impl AgentService for AgentApi {
         }
         let engine = Arc::clone(&self.0.engine);
         let announcements = engine.subscribe_events();
+        let drain = Arc::clone(&self.0.drain);
         let state = (
-            engine,
+            (engine, drain),
             tenant,
             run_id,
             body.after_cursor,
@@ -97,13 +100,25 @@ impl AgentService for AgentApi {
         );
         let stream = futures::stream::unfold(
             state,
-            |(engine, tenant, run, mut cursor, mut announcements, mut buffered)| async move {
+            |((engine, drain), tenant, run, mut cursor, mut announcements, mut buffered)| async move {
                 loop {
                     if let Some(event) = buffered.pop_front() {
                         return Some((
                             Ok(event),
-                            (engine, tenant, run, cursor, announcements, buffered),
+                            (
+                                (engine, drain),
+                                tenant,
+                                run,
+                                cursor,
+                                announcements,
+                                buffered,
+                            ),
                         ));
+                    }
+                    // A shutdown ends the stream cleanly; the client resumes from its last
+                    // cursor on another replica or after the restart.
+                    if drain.state().draining {
+                        return None;
                     }
                     // Mark the current announcement seen before reading, so a write that lands
                     // after the read wakes the wait below.
@@ -115,10 +130,17 @@ impl AgentService for AgentApi {
                     {
                         Ok(events) => events,
                         Err(err) => {
-                            let status = Status::unavailable(format!("ledger unavailable: {err}"));
+                            let status = convert::store_status(&err);
                             return Some((
                                 Err(status),
-                                (engine, tenant, run, i64::MAX, announcements, buffered),
+                                (
+                                    (engine, drain),
+                                    tenant,
+                                    run,
+                                    i64::MAX,
+                                    announcements,
+                                    buffered,
+                                ),
                             ));
                         }
                     };
@@ -137,6 +159,7 @@ impl AgentService for AgentApi {
                             }
                         }
                         () = tokio::time::sleep(WATCH_POLL) => {}
+                        () = drain.stopping() => return None,
                     }
                 }
             },
@@ -809,7 +832,7 @@ impl AdminService for AdminApi {
             .keys
             .rotate(&self.actor(&caller))
             .await
-            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+            .map_err(key_status)?;
         Ok(Response::new(key_ring_info(&ring)))
     }
 
@@ -823,7 +846,7 @@ impl AdminService for AdminApi {
             .keys
             .rewrap(&self.actor(&caller))
             .await
-            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+            .map_err(key_status)?;
         Ok(Response::new(pb::RewrapSecretsResponse {
             rewrapped,
             skipped,
@@ -842,7 +865,7 @@ impl AdminService for AdminApi {
             .keys
             .retire(&id, &self.actor(&caller))
             .await
-            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+            .map_err(key_status)?;
         Ok(Response::new(key_ring_info(&ring)))
     }
 }
@@ -889,6 +912,15 @@ impl AdminApi {
             created_at: now,
             updated_at: now,
         })
+    }
+}
+
+/// A key ring change that failed: a store failure by its kind (no SQL text), anything else
+/// (a key that is in use, keys from the environment) as FAILED_PRECONDITION with its message.
+fn key_status(error: anyhow::Error) -> Status {
+    match error.downcast_ref::<toolgate_ledger::LedgerError>() {
+        Some(ledger) => convert::store_status(ledger),
+        None => Status::failed_precondition(format!("{error:#}")),
     }
 }
 

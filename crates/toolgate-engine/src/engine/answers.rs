@@ -264,8 +264,10 @@ pub(super) fn refused_before_execution(call: &ToolCallRecord) -> bool {
         // Also a connector's word; the pipeline's refusal is the one recorded without ever
         // reaching the connector.
         Some(ErrorCode::InvalidArguments) => call.duration_ms.is_none(),
-        // Found missing before the connector was called.
-        Some(ErrorCode::CredentialsNotFound) => call.attempts == 0,
+        // Found missing, or unreadable, before the connector was called.
+        Some(ErrorCode::CredentialsNotFound | ErrorCode::CredentialsUnavailable) => {
+            call.attempts == 0
+        }
         _ => false,
     }
 }

@@ -5,7 +5,7 @@
 //! backend terminated, the server restarted, the network cut), other replicas see the lock
 //! free, take this process for dead and may settle its running calls as `outcome_unknown`.
 //! So a guard task checks the connection every [`CHECK_INTERVAL`]; once it fails, the store
-//! starts no call (no new `running` row, no approval claim: [`LedgerError::Unavailable`]) and
+//! starts no call (no new `running` row, no approval claim: [`LedgerError::NotLive`]) and
 //! the guard takes the lock again on a new connection, under the same key, so the calls still
 //! in flight here count as alive again. Calls settled by another replica meanwhile stay settled:
 //! their finish here finds them no longer `running`, and the engine then answers what the
@@ -75,7 +75,7 @@ impl Liveness {
         if self.held() {
             return Ok(());
         }
-        Err(LedgerError::Unavailable(
+        Err(LedgerError::NotLive(
             "this gateway lost the ledger connection that shows other replicas it is alive, and \
              starts no tool call until it has it back (usually within seconds); retry, or use \
              another replica"

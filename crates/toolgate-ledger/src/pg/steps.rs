@@ -509,7 +509,7 @@ impl Steps<'_> {
                         call.run, call.tenant
                     ))),
                     SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
-                    SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
+                    SqlFailure::Constraint(message) => Fail::Op(LedgerError::Constraint(message)),
                     SqlFailure::Unique => {
                         Fail::Op(LedgerError::AlreadyExists(format!("tool call {}", call.id)))
                     }
@@ -972,7 +972,7 @@ impl Steps<'_> {
                     "the audit chain of tenant {} moved while its head was locked",
                     event.tenant
                 ))),
-                SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
+                SqlFailure::Constraint(message) => Fail::Op(LedgerError::Constraint(message)),
                 SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
             });
         }

@@ -1125,7 +1125,7 @@ async fn losing_the_instance_lock_stops_new_calls_until_it_is_taken_again() {
         .record_call(new_call("acme", "run-1", "call-2", None))
         .await;
     match refused {
-        Err(LedgerError::Unavailable(message)) => {
+        Err(LedgerError::NotLive(message)) => {
             assert!(message.contains("starts no tool call"), "{message}");
         }
         other => panic!("a running call was recorded without the lock: {other:?}"),
@@ -1133,10 +1133,7 @@ async fn losing_the_instance_lock_stops_new_calls_until_it_is_taken_again() {
     let claim = store
         .resolve_pending(decide("call-p", 1, true, "approver"))
         .await;
-    assert!(
-        matches!(claim, Err(LedgerError::Unavailable(_))),
-        "{claim:?}"
-    );
+    assert!(matches!(claim, Err(LedgerError::NotLive(_))), "{claim:?}");
     let mut blocked = new_call("acme", "run-1", "call-b", None);
     blocked.call.status = ToolCallStatus::Blocked;
     blocked.count_against_budget = false;

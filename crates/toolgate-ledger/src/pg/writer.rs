@@ -37,7 +37,7 @@ use crate::error::LedgerError;
 use crate::model::RecordOutcome;
 use crate::ops::{Command, OpKind, PreparedEvent, Reply, WriteOp};
 use crate::pg::steps::{Head, Link, Steps, link};
-use crate::rows::{Fail, SqlFailure};
+use crate::rows::{Fail, SqlFailure, database_error};
 
 /// The most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -161,9 +161,10 @@ impl Writer {
     async fn connection(&mut self) -> Result<&mut PgConnection, BatchError> {
         if self.conn.is_none() {
             let conn = self.options.connect().await.map_err(|error| {
-                BatchError::Failed(LedgerError::Database(format!(
-                    "could not reconnect to PostgreSQL: {error}"
-                )))
+                BatchError::Failed(database_error(
+                    &error,
+                    format!("could not reconnect to PostgreSQL: {error}"),
+                ))
             })?;
             self.conn = Some(conn);
         }
@@ -300,7 +301,7 @@ impl Writer {
                 // Whether it committed is unknown: never run the batch again.
                 let message = format!("COMMIT failed, outcome unknown: {error}");
                 self.conn = None;
-                Err(BatchError::Failed(LedgerError::Database(message)))
+                Err(BatchError::Failed(database_error(&error, message)))
             }
         }
     }
@@ -319,18 +320,19 @@ impl Writer {
     /// A control statement failed: the connection is suspect, drop it. Nothing committed.
     fn lost(&mut self, error: &sqlx::Error, what: &str) -> BatchError {
         self.conn = None;
-        BatchError::Retry(LedgerError::Database(format!("{what} failed: {error}")))
+        BatchError::Retry(database_error(error, format!("{what} failed: {error}")))
     }
 
     fn classify(&mut self, error: &sqlx::Error, what: &str) -> BatchError {
+        let failed = database_error(error, format!("{what}: {error}"));
         if retryable(error) {
-            return BatchError::Retry(LedgerError::Database(format!("{what}: {error}")));
+            return BatchError::Retry(failed);
         }
         if !matches!(error, sqlx::Error::Database(_)) {
             self.conn = None;
-            return BatchError::Retry(LedgerError::Database(format!("{what}: {error}")));
+            return BatchError::Retry(failed);
         }
-        BatchError::Failed(LedgerError::Database(format!("{what}: {error}")))
+        BatchError::Failed(failed)
     }
 
     /// The fast path; `None` when the statement was refused or did not apply everywhere (the
@@ -490,8 +492,10 @@ impl Writer {
                 }
                 Err(Fail::Fatal(error)) => {
                     return Err(match error {
-                        LedgerError::Database(message) if is_conflict_message(&message) => {
-                            BatchError::Retry(LedgerError::Database(message))
+                        LedgerError::Database(message) | LedgerError::Unavailable(message)
+                            if is_conflict_message(&message) =>
+                        {
+                            BatchError::Retry(LedgerError::Unavailable(message))
                         }
                         other => BatchError::Failed(other),
                     });
@@ -659,10 +663,12 @@ fn copy_error(error: &LedgerError) -> LedgerError {
         LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
         LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
         LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
+        LedgerError::Constraint(what) => LedgerError::Constraint(what.clone()),
+        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
         LedgerError::Database(what) => LedgerError::Database(what.clone()),
         LedgerError::Closed => LedgerError::Closed,
         LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
-        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
+        LedgerError::NotLive(what) => LedgerError::NotLive(what.clone()),
         LedgerError::ReadOnly => LedgerError::ReadOnly,
     }
 }

@@ -777,7 +777,7 @@ impl Steps<'_> {
                 "run {} of tenant {}",
                 call.run, call.tenant
             )))),
-            SqlFailure::Constraint(message) => Err(Fail::Op(LedgerError::Database(message))),
+            SqlFailure::Constraint(message) => Err(Fail::Op(LedgerError::Constraint(message))),
             SqlFailure::Fatal(message) => Err(Fail::Fatal(LedgerError::Database(message))),
         }
     }
@@ -889,7 +889,7 @@ impl Steps<'_> {
                     "the audit chain of tenant {} moved outside this store",
                     event.tenant
                 ))),
-                SqlFailure::Constraint(message) => Fail::Op(LedgerError::Database(message)),
+                SqlFailure::Constraint(message) => Fail::Op(LedgerError::Constraint(message)),
                 SqlFailure::Fatal(message) => Fail::Fatal(LedgerError::Database(message)),
             });
         }

@@ -48,6 +48,7 @@ use crate::chain::{GENESIS_HASH, event_hash};
 use crate::error::LedgerError;
 use crate::model::RecordOutcome;
 use crate::ops::{Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp};
+use crate::rows::database_error;
 use crate::rows::{Fail, SqlFailure, read_failure};
 use crate::sqlite::bulk::Hot;
 use crate::sqlite::owner::OwnerLock;
@@ -611,7 +612,7 @@ impl Writer {
     pub(super) async fn control(&mut self, sql: &'static str) -> Result<(), Fail> {
         execute(&mut self.conn, sql)
             .await
-            .map_err(|error| Fail::Fatal(LedgerError::Database(format!("{sql} failed: {error}"))))
+            .map_err(|error| Fail::Fatal(database_error(&error, format!("{sql} failed: {error}"))))
     }
 
     /// Stores the heads that moved in this batch and commits, in one round trip when few
@@ -632,9 +633,10 @@ impl Writer {
                 .bind(head.chain_seq)
                 .bind(head.hash.clone());
             upsert.execute(&mut self.conn).await.map_err(|error| {
-                LedgerError::Database(format!(
-                    "could not store the audit chain head of tenant {tenant}: {error}"
-                ))
+                database_error(
+                    &error,
+                    format!("could not store the audit chain head of tenant {tenant}: {error}"),
+                )
             })?;
         }
         let shape = Shape::Commit {
@@ -650,7 +652,7 @@ impl Writer {
         query
             .execute(&mut self.conn)
             .await
-            .map_err(|error| LedgerError::Database(format!("commit failed: {error}")))?;
+            .map_err(|error| database_error(&error, format!("commit failed: {error}")))?;
         Ok(())
     }
 
@@ -774,10 +776,12 @@ fn copy_error(error: &LedgerError) -> LedgerError {
         LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
         LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
         LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
+        LedgerError::Constraint(what) => LedgerError::Constraint(what.clone()),
+        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
         LedgerError::Database(what) => LedgerError::Database(what.clone()),
         LedgerError::Closed => LedgerError::Closed,
         LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
-        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
+        LedgerError::NotLive(what) => LedgerError::NotLive(what.clone()),
         LedgerError::ReadOnly => LedgerError::ReadOnly,
     }
 }

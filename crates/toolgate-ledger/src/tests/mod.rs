@@ -10,6 +10,7 @@
 //! fail loudly, saying how to provide one; they are never skipped.
 
 mod admin;
+mod errors;
 mod replays;
 mod store;
 
