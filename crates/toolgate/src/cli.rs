@@ -976,7 +976,8 @@ fn pending_json(p: &pb::PendingInvocation) -> Value {
         "tool_name": p.tool_name,
         "arguments": serde_json::from_str::<Value>(&p.arguments_json).unwrap_or(Value::Null),
         "origin": p.origin, "decision": p.decision, "state": p.state, "version": p.version,
-        "expires_at_ms": p.expires_at_ms,
+        "expires_at_ms": p.expires_at_ms, "tool_call_status": p.tool_call_status,
+        "timeout_ms": p.timeout_ms,
     })
 }
 
