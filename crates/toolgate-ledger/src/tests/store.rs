@@ -1327,7 +1327,7 @@ on_both_backends! {
     async fn a_pending_invocation_keeps_the_requested_timeout(backend: Backend) {
         let db = seeded(backend, 100).await;
         let store = db.shared();
-        let timeout_of = |i: u64| (i % 2 == 0).then(|| Duration::from_millis(100 + i));
+        let timeout_of = |i: u64| i.is_multiple_of(2).then(|| Duration::from_millis(100 + i));
         let mut tasks = Vec::new();
         for i in 0..8_u64 {
             let store = Arc::clone(&store);
