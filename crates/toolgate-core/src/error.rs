@@ -125,15 +125,27 @@ pub struct ToolError {
     pub code: ErrorCode,
     /// A sanitized, human- and LLM-readable explanation.
     pub message: String,
+    /// How many vendor attempts the connector made before failing (retries included; 0 when
+    /// nothing was sent), as its HTTP client counted them. `None` when the connector did not
+    /// say: the ledger then records the one invocation.
+    pub attempts: Option<u32>,
 }
 
 impl ToolError {
-    /// A new error.
+    /// A new error that does not say how many attempts were made.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ToolError {
         ToolError {
             code,
             message: message.into(),
+            attempts: None,
         }
+    }
+
+    /// The same error, saying how many vendor attempts were made.
+    #[must_use]
+    pub fn with_attempts(mut self, attempts: u32) -> ToolError {
+        self.attempts = Some(attempts);
+        self
     }
 }
 

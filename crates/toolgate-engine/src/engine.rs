@@ -688,6 +688,12 @@ impl Engine {
         call.policy_decision_id = Some(decision_record.id.clone());
         call.risk_level = Some(decision.risk);
 
+        // The per-call timeout the agent asked for (`None`: the tool's default), kept with a
+        // suspended call so that its approved execution honours it.
+        let requested_timeout = request
+            .timeout
+            .filter(|t| !t.is_zero())
+            .map(|t| t.min(self.config.max_timeout));
         if decision.decision == Decision::Block {
             let denied = self.pending_for(
                 &call,
@@ -696,6 +702,7 @@ impl Engine {
                 arguments,
                 &decision,
                 PendingOrigin::PolicyDenied,
+                requested_timeout,
             );
             let error = ToolError::new(
                 ErrorCode::PolicyBlocked,
@@ -725,6 +732,7 @@ impl Engine {
                     &run,
                     &name,
                     arguments,
+                    requested_timeout,
                 )
                 .await;
         }
@@ -825,17 +833,27 @@ impl Engine {
                 .await
             }
             Invocation::Answered(Err(error)) => {
+                // The connector's code says how the call ended: a transport failure after a
+                // post was sent is `OUTCOME_UNKNOWN` (the vendor may have acted), which must
+                // not read as a plain failure that is safe to repeat.
+                let status = match error.code {
+                    ErrorCode::OutcomeUnknown => ToolCallStatus::OutcomeUnknown,
+                    ErrorCode::Timeout => ToolCallStatus::TimedOut,
+                    _ => ToolCallStatus::Failed,
+                };
+                // A connector that does not count its attempts was invoked once.
+                let attempts = error.attempts.unwrap_or(1);
                 let sanitized = ToolError::new(
                     error.code,
                     self.redactor.redact_text(&error.message).into_owned(),
                 );
                 self.finish(
                     call,
-                    ToolCallStatus::Failed,
+                    status,
                     None,
                     Some(sanitized),
                     elapsed,
-                    1,
+                    attempts,
                     "connector_error",
                     verdict,
                 )
@@ -979,7 +997,11 @@ impl Engine {
     }
 
     /// A pending invocation bound to this exact call: tool, arguments (and their hash), the
-    /// run's manifest and the policy version that decided.
+    /// run's manifest, the policy version that decided and the timeout the agent asked for.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the call, its run, and the parts of the suspended request"
+    )]
     fn pending_for(
         &self,
         call: &ToolCallRecord,
@@ -988,6 +1010,7 @@ impl Engine {
         arguments: Value,
         decision: &PolicyDecision,
         origin: PendingOrigin,
+        timeout: Option<Duration>,
     ) -> PendingInvocation {
         let now = self.clock.now();
         let expiry_ms = i64::try_from(self.config.pending_expiry.as_millis()).unwrap_or(i64::MAX);
@@ -1007,6 +1030,7 @@ impl Engine {
             version: 1,
             expires_at: now.plus_ms(expiry_ms),
             created_at: now,
+            timeout,
         }
     }
 
@@ -1082,6 +1106,7 @@ impl Engine {
         run: &RunRecord,
         tool: &ToolName,
         arguments: Value,
+        timeout: Option<Duration>,
     ) -> Result<ExecuteOutcome, EngineError> {
         let pending = self.pending_for(
             &call,
@@ -1090,6 +1115,7 @@ impl Engine {
             arguments,
             decision,
             PendingOrigin::ApprovalRequired,
+            timeout,
         );
         let approval = self.event(
             &call,

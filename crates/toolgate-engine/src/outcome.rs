@@ -128,4 +128,13 @@ pub enum ResumeOutcome {
     ClaimLost,
     /// Policy blocked this call: approval cannot override it (only Reject resolves the row).
     PolicyDenialTerminal,
+    /// Approve while the tenant's kill switch (`tool_calling_enabled`) is off: nothing was
+    /// executed and the invocation is still pending, unchanged; approve again once the switch
+    /// is on. Reject and Continue are not affected.
+    FeatureDisabled {
+        /// The call.
+        tool_call_id: ToolCallId,
+        /// `FEATURE_DISABLED`, with a message saying the call is still pending.
+        error: ToolError,
+    },
 }

@@ -93,10 +93,14 @@ impl Connector for TestkitConnector {
                 .idempotent(true),
             ToolSpec::new(
                 name("fail"),
-                "Fails with the given error code and message.",
+                "Fails with the given error code and message, reporting `attempts` vendor attempts when given.",
                 json!({
                     "type": "object",
-                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                    "properties": {
+                        "code": {"type": "string"},
+                        "message": {"type": "string"},
+                        "attempts": {"type": "integer", "minimum": 0, "maximum": 100}
+                    },
                     "required": ["code"]
                 }),
             )
@@ -156,7 +160,15 @@ impl Connector for TestkitConnector {
                     .and_then(Value::as_str)
                     .unwrap_or("the vendor refused")
                     .to_owned();
-                Err(ToolError::new(code, message))
+                let error = ToolError::new(code, message);
+                match arguments
+                    .get("attempts")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok())
+                {
+                    Some(attempts) => Err(error.with_attempts(attempts)),
+                    None => Err(error),
+                }
             }
             "whoami" => {
                 let key_len = ctx

@@ -5,6 +5,7 @@
 
 mod answers;
 mod ledgers;
+mod resume_promises;
 mod settled;
 
 use std::sync::Arc;

@@ -112,9 +112,10 @@ impl HttpError {
         self.response.as_deref()
     }
 
-    /// This error as core's agent-facing error.
+    /// This error as core's agent-facing error, with the attempts made.
     pub fn to_tool_error(&self) -> toolgate_core::ToolError {
         toolgate_core::ToolError::new(self.error_code(), self.message.clone())
+            .with_attempts(self.attempts)
     }
 }
 

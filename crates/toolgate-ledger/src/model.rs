@@ -330,6 +330,9 @@ pub struct PendingInvocation {
     pub expires_at: Timestamp,
     /// When it was created.
     pub created_at: Timestamp,
+    /// The per-call timeout the agent asked for (whole milliseconds, at least 1), which the
+    /// approved execution runs under; `None` for the tool's default.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// An append-only, hash-chained audit record.

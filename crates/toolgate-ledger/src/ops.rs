@@ -399,12 +399,14 @@ pub(crate) struct PreparedCall {
     pub(crate) events: Vec<PreparedEvent>,
 }
 
-/// A pending invocation with its arguments and manifest encoded.
+/// A pending invocation with its arguments, manifest and timeout encoded.
 #[derive(Debug)]
 pub(crate) struct PreparedPending {
     pub(crate) record: PendingInvocation,
     pub(crate) arguments: String,
     pub(crate) manifest: String,
+    /// `timeout_ms`: NULL for the tool's default.
+    pub(crate) timeout_ms: Option<i64>,
 }
 
 impl PreparedCall {
@@ -425,11 +427,7 @@ impl PreparedCall {
                 let ids = serde_json::Value::from(decision.policy_ids.clone()).to_string();
                 (decision, ids)
             }),
-            pending: pending.map(|record| PreparedPending {
-                arguments: record.arguments.to_string(),
-                manifest: manifest_json(&record.manifest),
-                record,
-            }),
+            pending: pending.map(PreparedPending::new),
             events: events.into_iter().map(PreparedEvent::new).collect(),
         }
     }
@@ -440,9 +438,17 @@ impl PreparedPending {
         PreparedPending {
             arguments: record.arguments.to_string(),
             manifest: manifest_json(&record.manifest),
+            timeout_ms: record.timeout.map(timeout_ms),
             record,
         }
     }
+}
+
+/// A timeout as stored: whole milliseconds, at least 1 (the column refuses 0), saturating.
+fn timeout_ms(timeout: std::time::Duration) -> i64 {
+    i64::try_from(timeout.as_millis())
+        .unwrap_or(i64::MAX)
+        .max(1)
 }
 
 /// [`FinishCall`] with its JSON encoded.

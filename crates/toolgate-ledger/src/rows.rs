@@ -40,7 +40,7 @@ pub(crate) use event_columns;
 macro_rules! pending_columns {
     () => {
         "id, tenant, run, tool_call_id, tool, arguments, args_hash, manifest, policy_version, \
-         origin, decision, state, version, expires_at, created_at"
+         origin, decision, state, version, expires_at, created_at, timeout_ms"
     };
 }
 pub(crate) use pending_columns;
@@ -457,6 +457,16 @@ pub(crate) fn pending_from_row(row: &impl SqlRow) -> Result<PendingInvocation, L
         .into_iter()
         .map(|name| ToolName::new(name).map_err(|e| corrupt(e.to_string())))
         .collect::<Result<Vec<_>, _>>()?;
+    let timeout = match row.int_opt("timeout_ms")? {
+        None => None,
+        Some(ms) => {
+            let ms = u64::try_from(ms)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| corrupt(format!("timeout_ms {ms}")))?;
+            Some(std::time::Duration::from_millis(ms))
+        }
+    };
     let origin_text = text("origin")?;
     let state_text = text("state")?;
     let decision_text = text("decision")?;
@@ -478,5 +488,6 @@ pub(crate) fn pending_from_row(row: &impl SqlRow) -> Result<PendingInvocation, L
         version: number("version")?,
         expires_at: Timestamp(number("expires_at")?),
         created_at: Timestamp(number("created_at")?),
+        timeout,
     })
 }

@@ -138,7 +138,8 @@ impl SlackConnector {
                 .send(request, deadline)
                 .await
                 .map_err(|e| transport_error(&e, true))?;
-            let answer = read_web_api("chat.postMessage", &response.body)?;
+            let answer = read_web_api("chat.postMessage", &response.body)
+                .map_err(|e| e.with_attempts(response.attempts))?;
             let thread_ts = answer
                 .pointer("/message/thread_ts")
                 .and_then(Value::as_str)
@@ -190,7 +191,9 @@ impl SlackConnector {
         };
         let text = String::from_utf8_lossy(&response.body);
         if text.trim() != "ok" {
-            return Err(webhook_error(response.status.as_u16(), &text));
+            return Err(
+                webhook_error(response.status.as_u16(), &text).with_attempts(response.attempts)
+            );
         }
         Ok(ToolOutput {
             result: json!({
@@ -242,14 +245,18 @@ impl SlackConnector {
             if let Some(latest) = &history.latest {
                 request = request.query("latest", latest.clone());
             }
-            let response = self
-                .http
-                .send(request, deadline)
-                .await
-                .map_err(|e| transport_error(&e, false))?;
+            // Errors count every attempt of every page read so far.
+            let response = match self.http.send(request, deadline).await {
+                Ok(response) => response,
+                Err(error) => {
+                    let failed = transport_error(&error, false);
+                    return Err(failed.with_attempts(attempts + error.attempts()));
+                }
+            };
             attempts += response.attempts;
             pages += 1;
-            let answer = read_web_api("conversations.history", &response.body)?;
+            let answer = read_web_api("conversations.history", &response.body)
+                .map_err(|e| e.with_attempts(attempts))?;
             let page = answer
                 .get("messages")
                 .and_then(Value::as_array)
@@ -407,7 +414,8 @@ fn webhook_failure(error: &HttpError) -> ToolError {
         Some(response) if response.status.as_u16() != 429 => webhook_error(
             response.status.as_u16(),
             &String::from_utf8_lossy(&response.body),
-        ),
+        )
+        .with_attempts(error.attempts()),
         _ => transport_error(error, true),
     }
 }

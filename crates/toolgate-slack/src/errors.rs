@@ -306,7 +306,12 @@ pub(crate) fn webhook_error(status: u16, body: &str) -> ToolError {
 
 /// A transport failure. For posts (`write`), a failure after the request may have reached
 /// Slack is `OUTCOME_UNKNOWN`: the message may have been posted, and must not be resent blindly.
+/// The error carries the attempts the HTTP client made.
 pub(crate) fn transport_error(error: &HttpError, write: bool) -> ToolError {
+    classify_transport(error, write).with_attempts(error.attempts())
+}
+
+fn classify_transport(error: &HttpError, write: bool) -> ToolError {
     let uncertain = write
         && error.may_have_reached_vendor()
         && matches!(error.kind(), ErrorKind::Transient | ErrorKind::Timeout);

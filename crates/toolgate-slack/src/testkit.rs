@@ -153,6 +153,84 @@ impl FakeSlack {
     }
 }
 
+/// A Slack that hangs up: a loopback server that reads each request whole, then closes the
+/// connection without answering, as when the network fails after Slack received a post (the
+/// message may have been posted). Point a tenant's `base_url` at [`HangUp::api_base_url`].
+#[derive(Debug)]
+pub struct HangUp {
+    address: std::net::SocketAddr,
+    received: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HangUp {
+    /// Starts the server on 127.0.0.1.
+    pub async fn start() -> HangUp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let address = listener.local_addr().expect("local address");
+        let received = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&received);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    if read_request(stream).await {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        HangUp {
+            address,
+            received,
+            task,
+        }
+    }
+
+    /// The Web API base: `http://127.0.0.1:PORT/api`.
+    pub fn api_base_url(&self) -> String {
+        format!("http://{}/api", self.address)
+    }
+
+    /// How many whole requests it received (and hung up on).
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for HangUp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads one request (head and `content-length` body) and drops the connection. True when the
+/// whole request arrived.
+async fn read_request(mut stream: tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buffer = Vec::new();
+    let mut chunk = [0_u8; 4096];
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buffer.len() >= end + 4 + length {
+                return true;
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
 fn web_api_error(error: &str) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_json(json!({"ok": false, "error": error}))
 }

@@ -593,3 +593,81 @@ async fn a_tenant_base_url_overrides_the_connector_default() {
     assert_eq!(out.result["channel"], "C0GENERAL1");
     assert_eq!(fake.requests(POST).await.len(), 1);
 }
+
+#[tokio::test]
+async fn failures_report_the_attempts_the_http_client_made() {
+    let s = Setup::new().await;
+    // History is idempotent: two 429s are retried, the third answer is a refusal.
+    s.fake.rate_limit_next(HISTORY, 0).await;
+    s.fake.rate_limit_next(HISTORY, 0).await;
+    s.fake.fail_next(HISTORY, "channel_not_found").await;
+    let err = s
+        .call(
+            "slack.channel_history",
+            &s.bot(),
+            json!({"channel": HISTORY_CHANNEL, "limit": 5}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidArguments, "{err}");
+    assert_eq!(err.attempts, Some(3), "{err:?}");
+    assert_eq!(s.fake.requests(HISTORY).await.len(), 3);
+
+    // Throttled on every attempt: the HTTP client gives up after its three.
+    for _ in 0..3 {
+        s.fake.rate_limit_next(HISTORY, 0).await;
+    }
+    let err = s
+        .call(
+            "slack.channel_history",
+            &s.bot(),
+            json!({"channel": HISTORY_CHANNEL, "limit": 5}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::VendorRateLimited, "{err}");
+    assert_eq!(err.attempts, Some(3), "{err:?}");
+
+    // A post is sent once, whatever the answer.
+    s.fake.rate_limit_next(POST, 0).await;
+    let err = s
+        .call(
+            "slack.post_message",
+            &s.bot(),
+            json!({"channel": "C0GENERAL1", "text": "x"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code, err.attempts),
+        (ErrorCode::VendorRateLimited, Some(1))
+    );
+    s.fake.fail_next(POST, "not_in_channel").await;
+    let err = s
+        .call(
+            "slack.post_message",
+            &s.bot(),
+            json!({"channel": "C0GENERAL1", "text": "x"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!((err.code, err.attempts), (ErrorCode::VendorError, Some(1)));
+}
+
+#[tokio::test]
+async fn a_post_whose_connection_breaks_after_sending_is_outcome_unknown() {
+    let fake = FakeSlack::start().await;
+    let hang_up = crate::testkit::HangUp::start().await;
+    let connector = SlackConnector::new(fake.config()).unwrap();
+    let secret = json!({"bot_token": BOT_TOKEN, "base_url": hang_up.api_base_url()}).to_string();
+    let ctx = context("slack.post_message", Some(&secret));
+    let name = ctx.tool.clone();
+    let err = connector
+        .invoke(ctx, &name, json!({"channel": "C0GENERAL1", "text": "hi"}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::OutcomeUnknown, "{err}");
+    assert_eq!(err.attempts, Some(1), "a post is never retried");
+    assert!(err.message.contains("may or may not have posted"), "{err}");
+    assert_eq!(hang_up.received(), 1, "Slack got the post");
+}

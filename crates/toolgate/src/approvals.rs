@@ -2,7 +2,7 @@
 //! tenant. Identity comes from the approver token and is recorded with every decision.
 
 use tonic::{Request, Response, Status};
-use toolgate_core::{RunId, ToolName};
+use toolgate_core::{RunId, TenantId, ToolName};
 use toolgate_engine::{ResumeDecision, ResumeOutcome, ResumeRequest};
 use toolgate_ledger::{PendingFilter, PendingInvocation, PendingOrigin, Role};
 use toolgate_proto::v1 as pb;
@@ -46,9 +46,11 @@ impl ApprovalService for ApprovalApi {
             .list_pending(&tenant, &filter, limit)
             .await
             .map_err(ledger_status)?;
-        Ok(Response::new(pb::ListPendingResponse {
-            invocations: rows.iter().map(|row| self.pending(row)).collect(),
-        }))
+        let mut invocations = Vec::with_capacity(rows.len());
+        for row in &rows {
+            invocations.push(self.pending(&tenant, row).await?);
+        }
+        Ok(Response::new(pb::ListPendingResponse { invocations }))
     }
 
     async fn get_pending(
@@ -66,7 +68,7 @@ impl ApprovalService for ApprovalApi {
             .await
             .map_err(ledger_status)?
             .ok_or_else(|| Status::not_found(format!("pending invocation `{id}` not found")))?;
-        Ok(Response::new(self.pending(&row)))
+        Ok(Response::new(self.pending(&tenant, &row).await?))
     }
 
     async fn resume(
@@ -81,6 +83,7 @@ impl ApprovalService for ApprovalApi {
             format!("{} ({})", caller.label, caller.token_id)
         };
         let body = request.into_inner();
+        let invocation_id = body.invocation_id.clone();
         let decision = match pb::ResumeDecision::try_from(body.decision) {
             Ok(pb::ResumeDecision::Approve) => ResumeDecision::Approve,
             Ok(pb::ResumeDecision::Reject) => ResumeDecision::Reject,
@@ -141,14 +144,45 @@ impl ApprovalService for ApprovalApi {
                 outcome: pb::ResumeOutcome::PolicyDenialTerminal.into(),
                 ..Default::default()
             },
+            // The call is still waiting: the answer says so with the stable code an approver
+            // client (or an old client that ignores the new outcome) can act on.
+            ResumeOutcome::FeatureDisabled {
+                tool_call_id,
+                error,
+            } => pb::ResumeResponse {
+                outcome: pb::ResumeOutcome::FeatureDisabled.into(),
+                result: Some(pb::ToolCallResult {
+                    tool_call_id: tool_call_id.to_string(),
+                    status: pb::ToolCallStatus::WaitingApproval.into(),
+                    error_code: error.code.as_str().to_owned(),
+                    error_message: error.message,
+                    pending_invocation_id: invocation_id,
+                    ..Default::default()
+                }),
+                tool_call_id: tool_call_id.to_string(),
+                expired: false,
+            },
         };
         Ok(Response::new(response))
     }
 }
 
 impl ApprovalApi {
-    fn pending(&self, row: &PendingInvocation) -> pb::PendingInvocation {
-        pb::PendingInvocation {
+    /// The wire form of `row`, with where its call stands now (read from the ledger, so an
+    /// approver sees e.g. that an approved execution ended `outcome_unknown`).
+    async fn pending(
+        &self,
+        tenant: &TenantId,
+        row: &PendingInvocation,
+    ) -> Result<pb::PendingInvocation, Status> {
+        let call = self
+            .0
+            .engine
+            .store()
+            .get_tool_call(tenant, &row.tool_call_id)
+            .await
+            .map_err(ledger_status)?;
+        Ok(pb::PendingInvocation {
             invocation_id: row.id.clone(),
             run_id: row.run.to_string(),
             tool_call_id: row.tool_call_id.to_string(),
@@ -167,7 +201,13 @@ impl ApprovalApi {
             policy_version: row.policy_version,
             expires_at_ms: row.expires_at.0,
             created_at_ms: row.created_at.0,
-        }
+            tool_call_status: call
+                .map(|call| call.status.as_str().to_owned())
+                .unwrap_or_default(),
+            timeout_ms: row.timeout.map_or(0, |timeout| {
+                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
+            }),
+        })
     }
 }
 

@@ -187,8 +187,8 @@ Exit codes:
   2  usage: the command line is wrong
   3  the tool call did not succeed (refused, failed, timed out, outcome unknown)
   4  the tool call waits for an approver's decision
-  5  the decision was not applied (another decision came first, or a policy denial cannot be
-     approved)
+  5  the decision was not applied (another decision came first, a policy denial cannot be
+     approved, or tool calling is disabled so an approval executes nothing)
   6  the ledger's audit chains do not verify";
 
 /// `toolgate call`: the call did not succeed.
@@ -977,7 +977,8 @@ fn pending_json(p: &pb::PendingInvocation) -> Value {
         "tool_name": p.tool_name,
         "arguments": serde_json::from_str::<Value>(&p.arguments_json).unwrap_or(Value::Null),
         "origin": p.origin, "decision": p.decision, "state": p.state, "version": p.version,
-        "expires_at_ms": p.expires_at_ms,
+        "expires_at_ms": p.expires_at_ms, "tool_call_status": p.tool_call_status,
+        "timeout_ms": p.timeout_ms,
     })
 }
 
@@ -1097,6 +1098,7 @@ mod tests {
             ("continued", None, 0),
             ("claim_lost", None, EXIT_NOT_DECIDED),
             ("policy_denial_terminal", None, EXIT_NOT_DECIDED),
+            ("feature_disabled", None, EXIT_NOT_DECIDED),
         ];
         for (outcome, status, code) in decisions {
             assert_eq!(resume_exit_code(outcome, status), code, "{outcome}");

@@ -69,7 +69,16 @@ impl Engine {
             (
                 ResumeDecision::Approve,
                 PendingOrigin::ApprovalRequired | PendingOrigin::ExecutionFailed,
-            ) => self.approve(&request, pending, call, reason).await,
+            ) => {
+                // The kill switch stops every execution, approved ones included; the same
+                // lookup as the pipeline's step 2 (cached, refreshed when another replica
+                // changes configuration). Reject and Continue execute nothing, so they stay
+                // available with the switch off.
+                if !self.tool_calling_enabled(&request.tenant).await? {
+                    return self.refuse_disabled(&request, &pending, &call).await;
+                }
+                self.approve(&request, pending, call, reason).await
+            }
         }
     }
 
@@ -251,6 +260,37 @@ impl Engine {
         Ok(ResumeOutcome::PolicyDenialTerminal)
     }
 
+    /// Approve while `tool_calling_enabled` is off: nothing runs and the invocation stays
+    /// pending exactly as it was (unclaimed, same version), so it can be approved once the
+    /// switch is on again. The refusal is audited.
+    async fn refuse_disabled(
+        &self,
+        request: &ResumeRequest,
+        pending: &PendingInvocation,
+        call: &ToolCallRecord,
+    ) -> Result<ResumeOutcome, EngineError> {
+        let error = ToolError::new(
+            ErrorCode::FeatureDisabled,
+            "tool execution is not enabled for this organization, so the approved call was not executed; it is still pending and can be approved once an administrator turns on the `tool_calling_enabled` flag",
+        );
+        let event = self.event(
+            call,
+            "tool_call.approval_refused",
+            json!({
+                "pending_invocation_id": pending.id,
+                "origin": pending.origin.as_str(),
+                "decided_by": request.approver,
+                "error_code": error.code.as_str(),
+            }),
+        );
+        self.store.append_events(vec![event]).await?;
+        self.announce_events();
+        Ok(ResumeOutcome::FeatureDisabled {
+            tool_call_id: call.id.clone(),
+            error,
+        })
+    }
+
     async fn approve(
         &self,
         request: &ResumeRequest,
@@ -299,7 +339,12 @@ impl Engine {
             return Ok(ResumeOutcome::ClaimLost);
         }
         self.announce_events();
-        let timeout = spec.default_timeout.min(self.config.max_timeout);
+        // The timeout the agent asked for when it made the call, else the tool's default;
+        // bounded by the gateway's maximum as it is now.
+        let timeout = pending
+            .timeout
+            .unwrap_or(spec.default_timeout)
+            .min(self.config.max_timeout);
         let verdict = (pending.decision, call.risk_level.unwrap_or(spec.risk));
         let outcome = self
             .run_connector(
@@ -311,15 +356,15 @@ impl Engine {
                 verdict,
             )
             .await?;
-        if outcome.status != ToolCallStatus::Succeeded {
+        if may_run_again(outcome.status, spec.idempotent) {
             self.repend_after_failure(&pending, &call, &outcome.error)
                 .await?;
         }
         Ok(ResumeOutcome::Executed(outcome))
     }
 
-    /// An approved execution failed: a fresh pending row (origin EXECUTION_FAILED) gives an
-    /// operator a further decision point.
+    /// An approved execution failed without acting: a fresh pending row (origin
+    /// EXECUTION_FAILED, same arguments and timeout) gives an operator a further decision point.
     async fn repend_after_failure(
         &self,
         pending: &PendingInvocation,
@@ -377,5 +422,20 @@ impl Engine {
                 "reason": reason,
             }),
         )
+    }
+}
+
+/// Whether an approved execution that ended with `status` may be offered for another approval:
+/// only when the attempt is known not to have acted. `failed` is (the connector or the gateway
+/// refused or failed before the vendor acted, by the connector's own account); `timed_out` is
+/// only for an idempotent tool, which is safe to run again whatever the vendor did. An
+/// `outcome_unknown` call (the vendor may have acted: a timeout of a write, a connection lost
+/// after a post was sent) stays as it is, so a second approval cannot repeat the write; someone
+/// must check with the vendor first.
+fn may_run_again(status: ToolCallStatus, idempotent: bool) -> bool {
+    match status {
+        ToolCallStatus::Failed => true,
+        ToolCallStatus::TimedOut => idempotent,
+        _ => false,
     }
 }

@@ -154,6 +154,11 @@ async fn non_utf8_retry_after_is_ignored_not_fatal() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Throttling, "{error}");
     assert_eq!(error.attempts(), 3);
+    assert_eq!(
+        error.to_tool_error().attempts,
+        Some(3),
+        "the count reaches core's error, and from there the ledger"
+    );
     let response = error.response().unwrap();
     assert!(
         response

@@ -71,8 +71,8 @@ pub(super) const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, a
 
 const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, \
      tool, arguments, args_hash, manifest, policy_version, origin, decision, state, version, \
-     expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15)";
+     expires_at, created_at, timeout_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+     $12, $13, $14, $15, $16)";
 
 /// One operation's view of the writer.
 pub(super) struct Steps<'w> {
@@ -870,7 +870,8 @@ impl Steps<'_> {
             .bind(record.state.as_str())
             .bind(record.version)
             .bind(record.expires_at.0)
-            .bind(record.created_at.0);
+            .bind(record.created_at.0)
+            .bind(pending.timeout_ms);
         self.write(insert).await.map_err(|error| {
             write_failure(
                 &error,

@@ -124,7 +124,9 @@ async fn a_batch_of_hot_writes_is_one_statement() {
             ))
         })
         .collect();
-    writes.push(record(waiting_call("acme", "call-w", Some("use-w"))));
+    let mut waiting = waiting_call("acme", "call-w", Some("use-w"));
+    waiting.pending.as_mut().unwrap().timeout = Some(std::time::Duration::from_millis(1500));
+    writes.push(record(waiting));
     writes.push(finishing(finish("acme", "old-1")));
     writes.push(appending(vec![note("beta", 1), note("beta", 2)]));
     let (answers, stats) = one_batch(&db, writes).await;
@@ -163,7 +165,13 @@ async fn a_batch_of_hot_writes_is_one_statement() {
         .unwrap();
     assert_eq!(decision.policy_decision_id.as_deref(), Some("dec-call-3"));
     let waiting = store.get_pending(&acme, "pend-call-w").await.unwrap();
-    assert_eq!(waiting.map(|p| p.state), Some(PendingState::Pending));
+    assert_eq!(
+        waiting.map(|p| (p.state, p.timeout)),
+        Some((
+            PendingState::Pending,
+            Some(std::time::Duration::from_millis(1500))
+        ))
+    );
     // 2 from the setup (tenant and agent created), 3 before (2 requested, 1 succeeded) and
     // the plug; then 4 requested, 2 for the waiting call, 1 for the finish, in the order queued.
     let kinds: Vec<String> = events_of(store, "acme")

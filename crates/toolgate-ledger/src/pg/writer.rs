@@ -381,9 +381,10 @@ impl Writer {
             .map(|(tenant, _)| before.get(*tenant).map_or(-1, |head| head.chain_seq))
             .collect();
         let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
-        // Bound after the statement's other parameters ($74, $75).
+        // Bound after the statement's other parameters ($74, $75, $76).
         let finish_answer = std::mem::take(&mut arrays.finish_answer);
         let finish_answer_expires = std::mem::take(&mut arrays.finish_answer_expires);
+        let pending_timeout = std::mem::take(&mut arrays.pending_timeout);
         let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
         let sql = self
             .statements
@@ -413,7 +414,8 @@ impl Writer {
             .bind(self.channel.clone())
             .bind(previous)
             .bind(finish_answer)
-            .bind(finish_answer_expires);
+            .bind(finish_answer_expires)
+            .bind(pending_timeout);
         let moved: HashMap<String, Head> = moved
             .into_iter()
             .map(|(tenant, head)| (tenant.clone(), head.clone()))
@@ -682,9 +684,9 @@ const MOVE_HEADS: &str = "WITH h AS (UPDATE audit_heads SET chain_seq = y.chain_
 /// Every call, finish and append of a fast batch in one statement. Sub-statements of one
 /// statement see the same snapshot and their foreign keys are checked at its end, so a call
 /// and its run count, pending invocation and events can all go in together. Parameters are
-/// numbered the same in every variant (`Bulk::bind` binds them all); a variant leaves out the
-/// parts its batch does not have, because planning and running empty parts is most of the
-/// cost of a small batch.
+/// numbered the same in every variant (`Bulk::bind` binds $1 to $67, `bulk` the rest); a
+/// variant leaves out the parts its batch does not have, because planning and running empty
+/// parts is most of the cost of a small batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 struct Parts {
     calls: bool,
@@ -734,10 +736,11 @@ impl Parts {
             ctes.push(
                 "p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, \
                  arguments, args_hash, manifest, policy_version, origin, decision, state, \
-                 version, expires_at, created_at) \
+                 version, expires_at, created_at, timeout_ms) \
                  SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], \
                  $39::text[], $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], \
-                 $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[]) \
+                 $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[], \
+                 $76::bigint[]) \
                  RETURNING 1)",
             );
         }
@@ -853,6 +856,8 @@ struct Bulk {
     pending_version: Vec<i64>,
     pending_expires: Vec<i64>,
     pending_created: Vec<i64>,
+    /// Bound last ($76): it came after the other parameters were numbered.
+    pending_timeout: Vec<Option<i64>>,
     finish_id: Vec<String>,
     finish_tenant: Vec<String>,
     finish_status: Vec<String>,
@@ -957,6 +962,7 @@ impl Bulk {
             self.pending_version.push(record.version);
             self.pending_expires.push(record.expires_at.0);
             self.pending_created.push(record.created_at.0);
+            self.pending_timeout.push(pending.timeout_ms);
         }
     }
 

@@ -47,7 +47,8 @@ pub(super) const INSERT_DECISION: &str = "INSERT INTO policy_decisions (id, tena
 
 pub(super) const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, \
      tool_call_id, tool, arguments, args_hash, manifest, policy_version, origin, decision, state, \
-     version, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+     version, expires_at, created_at, timeout_ms) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub(super) const INSERT_EVENT: &str = "INSERT INTO audit_events (tenant, chain_seq, kind, run, \
      tool_call_id, payload, at, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
@@ -145,6 +146,7 @@ pub(super) fn bind_pending(query: SqlQuery, pending: &PreparedPending) -> SqlQue
         .bind(record.version)
         .bind(record.expires_at.0)
         .bind(record.created_at.0)
+        .bind(pending.timeout_ms)
 }
 
 pub(super) fn bind_event(query: SqlQuery, event: &PreparedEvent, link: &ChainLink) -> SqlQuery {
@@ -262,8 +264,8 @@ impl RowKind {
             RowKind::InsertPending => (
                 "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, arguments, \
                  args_hash, manifest, policy_version, origin, decision, state, version, \
-                 expires_at, created_at) VALUES ",
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 expires_at, created_at, timeout_ms) VALUES ",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 "",
             ),
             RowKind::InsertEvents => (

@@ -69,7 +69,10 @@ async fn a_batch_of_hot_writes_is_written_in_bulk() {
 
     let mut waiting = new_call("acme", "run-1", "call-w", Some("use-w"));
     waiting.call.status = ToolCallStatus::WaitingApproval;
-    waiting.pending = Some(pending("acme", "call-w"));
+    waiting.pending = Some(PendingInvocation {
+        timeout: Some(std::time::Duration::from_millis(1500)),
+        ..pending("acme", "call-w")
+    });
     waiting.events.push(event(
         "acme",
         "tool_call.approval_requested",
@@ -141,6 +144,12 @@ async fn a_batch_of_hot_writes_is_written_in_bulk() {
         .unwrap()
         .unwrap();
     assert_eq!(decision.policy_decision_id.as_deref(), Some("dec-call-3"));
+    let waiting = db.store().get_pending(&acme, "pend-call-w").await.unwrap();
+    assert_eq!(
+        waiting.and_then(|p| p.timeout),
+        Some(std::time::Duration::from_millis(1500)),
+        "the multi-row insert keeps the timeout"
+    );
     // 2 from the setup (tenant and agent created), 3 before (2 requested, 1 succeeded); then
     // 4 requested, 2 for the waiting call, 1 for the finish.
     let kinds: Vec<String> = events_of(db.store(), "acme")

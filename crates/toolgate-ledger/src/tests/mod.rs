@@ -181,6 +181,26 @@ impl Db {
         Db { handle, place }
     }
 
+    /// Runs `sql` outside the store (which must be closed for SQLite), as an operator would.
+    pub(crate) async fn raw_execute(&self, sql: &'static str) {
+        match &self.place {
+            Place::Sqlite(dir) => {
+                let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(dir.path().join("ledger.db"))
+                    .connect()
+                    .await
+                    .expect("raw connection");
+                sqlx::raw_sql(sql).execute(&mut conn).await.expect(sql);
+                conn.close().await.expect("close raw connection");
+            }
+            Place::Pg(schema) => {
+                let mut conn = schema.raw().await;
+                sqlx::raw_sql(sql).execute(&mut conn).await.expect(sql);
+                conn.close().await.expect("close raw connection");
+            }
+        }
+    }
+
     /// The SQLite file (SQLite only).
     pub(crate) fn sqlite_path(&self) -> PathBuf {
         match &self.place {
@@ -615,6 +635,7 @@ pub(crate) fn pending(tenant: &str, call: &str) -> PendingInvocation {
         version: 1,
         expires_at: T0.plus_ms(3_600_000),
         created_at: T0,
+        timeout: None,
     }
 }
 

@@ -1333,3 +1333,92 @@ on_both_backends! {
         assert_eq!(store.list_credentials(&acme).await.unwrap(), vec![reference]);
     }
 }
+
+on_both_backends! {
+    /// A pending invocation keeps the timeout the agent asked for, whichever write path stores
+    /// it (a call alone, calls batched together, an added invocation); NULL reads as the tool's
+    /// default.
+    async fn a_pending_invocation_keeps_the_requested_timeout(backend: Backend) {
+        let db = seeded(backend, 100).await;
+        let store = db.shared();
+        let timeout_of = |i: u64| i.is_multiple_of(2).then(|| Duration::from_millis(100 + i));
+        let mut tasks = Vec::new();
+        for i in 0..8_u64 {
+            let store = Arc::clone(&store);
+            tasks.push(tokio::spawn(async move {
+                let mut call = waiting_call("acme", &format!("call-{i}"), None);
+                call.pending.as_mut().unwrap().timeout = timeout_of(i);
+                store.record_call(call).await.unwrap()
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), RecordOutcome::Recorded);
+        }
+        let acme = tenant_id("acme");
+        for i in 0..8_u64 {
+            let row = store
+                .get_pending(&acme, &format!("pend-call-{i}"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(row.timeout, timeout_of(i), "call-{i}");
+        }
+        let retry = PendingInvocation {
+            id: "pend-call-0-retry".into(),
+            origin: PendingOrigin::ExecutionFailed,
+            timeout: Some(Duration::from_millis(250)),
+            ..pending("acme", "call-0")
+        };
+        store
+            .add_pending(
+                retry.clone(),
+                vec![event("acme", "tool_call.approval_requested", "run-1", "call-0")],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get_pending(&acme, "pend-call-0-retry").await.unwrap(),
+            Some(retry)
+        );
+        let listed = store
+            .list_pending(&acme, &PendingFilter::default(), 100)
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 9);
+        assert!(listed.iter().any(|row| row.timeout.is_none()));
+    }
+}
+
+on_both_backends! {
+    /// The migration that adds `timeout_ms` keeps the rows written before it: they read as the
+    /// tool's default. (The column is dropped and its migration forgotten, then the store is
+    /// opened again and migrates.)
+    async fn the_timeout_migration_keeps_existing_pending_rows(backend: Backend) {
+        let db = seeded(backend, 100).await;
+        let store = db.store();
+        store
+            .record_call(waiting_call("acme", "call-1", None))
+            .await
+            .unwrap();
+        let before = store
+            .get_pending(&tenant_id("acme"), "pend-call-1")
+            .await
+            .unwrap()
+            .unwrap();
+        db.close().await;
+        let version = match backend {
+            Backend::Sqlite => "DELETE FROM _sqlx_migrations WHERE version = 7",
+            Backend::Pg => "DELETE FROM _sqlx_migrations WHERE version = 4",
+        };
+        db.raw_execute("ALTER TABLE pending_invocations DROP COLUMN timeout_ms")
+            .await;
+        db.raw_execute(version).await;
+        let db = db.reopen_without_close().await;
+        let after = db
+            .store()
+            .get_pending(&tenant_id("acme"), "pend-call-1")
+            .await
+            .unwrap();
+        assert_eq!(after, Some(before), "the row is kept, with no timeout");
+    }
+}
