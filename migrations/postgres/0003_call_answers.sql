@@ -12,4 +12,4 @@ ALTER TABLE tool_calls ADD COLUMN evaluation BIGINT NOT NULL DEFAULT 1 CHECK (ev
 
 -- A call's pending invocations, for the replay of a call waiting for approval and for
 -- superseding a policy denial when the call is evaluated again.
-CREATE INDEX pending_invocations_call ON pending_invocations (tenant, tool_call_id);
+CREATE INDEX pending_invocations_call ON pending_invocations (tool_call_id, tenant);

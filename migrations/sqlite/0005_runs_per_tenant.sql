@@ -5,7 +5,8 @@
 -- `pending_invocations` reference runs by (tenant, id) already; foreign keys are off while the
 -- parent table is swapped (the documented procedure: a DROP of a referenced table would
 -- otherwise fail), then checked before the commit. The idempotency key of a call becomes
--- (tenant, run, tool_use_id) for the same reason.
+-- (tenant, run, tool_use_id) for the same reason (indexed run first, as on PostgreSQL, where
+-- an index led by `tenant` misled the writer's plans).
 PRAGMA foreign_keys = OFF;
 BEGIN IMMEDIATE;
 
@@ -35,9 +36,9 @@ ALTER TABLE runs_new RENAME TO runs;
 
 DROP INDEX tool_calls_run_tool_use_id;
 CREATE UNIQUE INDEX tool_calls_run_tool_use_id
-    ON tool_calls (tenant, run, tool_use_id) WHERE tool_use_id IS NOT NULL;
+    ON tool_calls (run, tenant, tool_use_id) WHERE tool_use_id IS NOT NULL;
 DROP INDEX tool_calls_run;
-CREATE INDEX tool_calls_run ON tool_calls (tenant, run);
+CREATE INDEX tool_calls_run ON tool_calls (run, tenant);
 
 COMMIT;
 PRAGMA foreign_keys = ON;
