@@ -3,14 +3,21 @@
 //! applied to each candidate afterwards.
 
 use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::LazyLock;
 
 use regex::Regex;
+use regex_automata::util::primitives::PatternID;
+use regex_automata::{Anchored, Input, meta};
 
 use super::REDACTED;
 
 /// Shorter strings cannot hold any pattern (the shortest, an email like `a@b.io`, has 6).
 const MIN_LEN: usize = 6;
+
+/// The shortest secret that can sit in what a replacement keeps before its value (an EIN, in
+/// a pair's name); shorter prefixes are not scanned again.
+const MIN_HIDDEN: usize = 10;
 
 /// What a candidate is. The order of [`PATTERNS`] is the priority when two start at the same
 /// place.
@@ -134,13 +141,12 @@ const PATTERNS: &[(Kind, bool, &str)] = &[
     ),
 ];
 
-/// A compiled alternation for finding candidates fast (one DFA pass, no captures), and each
-/// alternative compiled alone for telling which one matched and where its groups are. Running
-/// captures on the big alternation costs microseconds per match; on one small pattern, far
-/// less.
+/// A compiled alternation for finding where candidates start (one DFA pass), and each
+/// alternative compiled alone, searched anchored at that start, for telling which ones match
+/// there and where their groups are.
 #[derive(Debug)]
 struct Scanner {
-    regex: Regex,
+    any: meta::Regex,
     parts: Vec<Part>,
 }
 
@@ -148,7 +154,7 @@ struct Scanner {
 #[derive(Debug)]
 struct Part {
     kind: Kind,
-    regex: Regex,
+    regex: meta::Regex,
     value: Option<usize>,
     zip: Option<usize>,
     key: Option<usize>,
@@ -173,8 +179,8 @@ impl Scanner {
                 continue;
             }
             let ascii = pattern.replace(r"\b", r"(?-u:\b)");
-            let regex = Regex::new(&ascii).expect("static regex");
-            let group = |name: &str| regex.capture_names().position(|n| n == Some(name));
+            let regex = meta::Regex::new(&ascii).expect("static regex");
+            let group = |name: &str| regex.group_info().to_index(PatternID::ZERO, name);
             parts.push(Part {
                 kind: *kind,
                 value: group("v"),
@@ -188,22 +194,42 @@ impl Scanner {
                 .replace("?P<key>", "?:");
             alternatives.push(format!("(?:{unnamed})"));
         }
-        let regex = Regex::new(&alternatives.join("|")).expect("static regex");
-        Scanner { regex, parts }
+        let any = meta::Regex::new(&alternatives.join("|")).expect("static regex");
+        Scanner { any, parts }
     }
 }
 
-/// What a candidate becomes.
-enum Verdict<'t> {
-    /// Replace `start..end` with the text, then keep scanning after it.
-    Replace {
-        start: usize,
-        end: usize,
-        with: &'static str,
-        keep: Option<&'t str>,
+/// One replacement: `start..end` becomes `with`, followed by the text at `keep` (a postal
+/// code).
+#[derive(Debug)]
+struct Edit {
+    start: usize,
+    end: usize,
+    with: &'static str,
+    keep: Option<Range<usize>>,
+}
+
+/// What one pattern's match at a candidate start becomes.
+enum Verdict {
+    Replace(Edit),
+    /// Not a secret after all; this pattern is not tried again before `until` (its match is
+    /// the whole token, so a shorter piece of it is not one either). Other patterns still are.
+    Skip {
+        until: usize,
     },
-    /// Not a secret after all: scan on from here.
-    Skip(usize),
+    /// A `name=value` pair whose name is no credential: its name is scanned on its own for the
+    /// other patterns, and the scan goes on at the value (which may hold a pair of its own).
+    SkipPair {
+        key: Range<usize>,
+        value: usize,
+    },
+}
+
+/// The matching rules the scan needs besides the patterns.
+struct Context<'a> {
+    scanner: &'a Scanner,
+    with_pii: bool,
+    aws_context: &'a dyn Fn() -> bool,
 }
 
 /// Scans `text` for secrets (and personal data when `with_pii`). `aws_context` says that the
@@ -221,127 +247,221 @@ pub(super) fn scan<'t>(
     if text.len() < MIN_LEN || plain {
         return Cow::Borrowed(text);
     }
-    let scanner = if with_pii {
-        &*SECRETS_AND_PII
-    } else {
-        &*SECRETS
+    let context = Context {
+        scanner: if with_pii { &SECRETS_AND_PII } else { &SECRETS },
+        with_pii,
+        aws_context,
     };
-    let mut out: Option<String> = None;
+    // JSON quoted inside a string (a vendor's error body) writes a newline or a tab as `\n`
+    // or `\t`: its letter must not glue to the word after it. The scan reads a copy with such
+    // letters as spaces, the same length, so its edits apply to `text` as they are.
+    let spaced = text.contains('\\').then(|| escapes_as_spaces(text));
+    let haystack = spaced.as_deref().unwrap_or(text);
+    let mut edits = Vec::new();
+    collect(&context, haystack, 0..haystack.len(), true, &mut edits);
+    if edits.is_empty() {
+        return Cow::Borrowed(text);
+    }
+    let mut buffer = String::with_capacity(text.len());
     let mut copied = 0;
-    let mut position = 0;
-    while position < text.len() {
-        let Some(found) = scanner.regex.find_at(text, position) else {
+    for edit in edits {
+        buffer.push_str(&text[copied..edit.start]);
+        buffer.push_str(edit.with);
+        if let Some(kept) = edit.keep {
+            buffer.push(' ');
+            buffer.push_str(&text[kept]);
+        }
+        copied = edit.end;
+    }
+    buffer.push_str(&text[copied..]);
+    Cow::Owned(buffer)
+}
+
+/// `text` with the letter of each `\n`, `\r` and `\t` escape turned into a space.
+fn escapes_as_spaces(text: &str) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    let mut index = 0;
+    while index + 1 < bytes.len() {
+        if bytes[index] != b'\\' {
+            index += 1;
+            continue;
+        }
+        if matches!(bytes[index + 1], b'n' | b'r' | b't') {
+            bytes[index + 1] = b' ';
+        }
+        // An escaped backslash is skipped whole, so `\\n` stays a backslash and an `n`.
+        index += 2;
+    }
+    String::from_utf8(bytes).unwrap_or_else(|_| text.to_owned())
+}
+
+/// Appends the edits for `range` of `text`, in order and without overlap.
+///
+/// No pattern's verdict hides another's match: at each place where some pattern matches,
+/// every pattern that matches there is judged, in priority order, until one replaces; when
+/// none does, the scan moves on by one character, not past the rejected match (a 40-character
+/// run rejected as an AWS key may hold a JWT's header one character later). Only a replaced
+/// span is jumped over, and it is widened to cover any pattern that matches where it starts
+/// and runs on past it (a card number after `token=`, whose pair value stops at the first
+/// space). What a replacement keeps before its value (a pair's name) is scanned too.
+fn collect(
+    context: &Context<'_>,
+    text: &str,
+    range: Range<usize>,
+    outermost: bool,
+    edits: &mut Vec<Edit>,
+) {
+    let parts = &context.scanner.parts;
+    let mut blocked = [0usize; PATTERNS.len()];
+    let mut position = range.start;
+    while position < range.end {
+        let input = Input::new(text).span(position..range.end);
+        let Some(found) = context.scanner.any.search(&input) else {
             break;
         };
-        match judge(scanner, found.range(), text, with_pii, aws_context) {
-            Verdict::Replace {
-                start,
-                end,
-                with,
-                keep,
-            } => {
-                let buffer = out.get_or_insert_with(|| String::with_capacity(text.len()));
-                buffer.push_str(&text[copied..start]);
-                buffer.push_str(with);
-                if let Some(kept) = keep {
-                    buffer.push(' ');
-                    buffer.push_str(kept);
-                }
-                copied = end;
-                position = end.max(found.start() + 1);
+        let start = found.start();
+        let mut decided = None;
+        for (index, part) in parts.iter().enumerate() {
+            if blocked[index] > start {
+                continue;
             }
-            Verdict::Skip(next) => position = next.max(found.start() + 1),
+            match judge(context, part, text, start, range.end) {
+                None => {}
+                Some(Verdict::Replace(edit)) => {
+                    decided = Some(edit);
+                    break;
+                }
+                Some(Verdict::Skip { until }) => blocked[index] = until,
+                Some(Verdict::SkipPair { key, value }) => {
+                    blocked[index] = value;
+                    if outermost {
+                        collect(context, text, key, false, edits);
+                    }
+                    decided = None;
+                    position = value;
+                    break;
+                }
+            }
+        }
+        match decided {
+            Some(mut edit) => {
+                widen(context, text, range.end, &mut edit);
+                if outermost && edit.start >= start + MIN_HIDDEN {
+                    collect(context, text, start..edit.start, false, edits);
+                }
+                position = edit.end.max(start + 1);
+                edits.push(edit);
+            }
+            None if position > start => {}
+            None => position = start + 1,
         }
         while !text.is_char_boundary(position) {
             position += 1;
         }
     }
-    match out {
-        None => Cow::Borrowed(text),
-        Some(mut buffer) => {
-            buffer.push_str(&text[copied..]);
-            Cow::Owned(buffer)
+}
+
+/// Stretches a replacement over any pattern that also matches where it starts and goes on
+/// past its end, so no tail of a longer secret is left behind.
+fn widen(context: &Context<'_>, text: &str, limit: usize, edit: &mut Edit) {
+    if edit.end >= limit {
+        return;
+    }
+    for part in &context.scanner.parts {
+        let input = Input::new(text)
+            .span(edit.start..limit)
+            .anchored(Anchored::Yes);
+        let Some(found) = part.regex.search(&input) else {
+            continue;
+        };
+        if found.end() <= edit.end {
+            continue;
+        }
+        if let Some(Verdict::Replace(other)) = judge(context, part, text, edit.start, limit) {
+            edit.end = edit.end.max(other.end);
         }
     }
 }
 
-fn judge<'t>(
-    scanner: &Scanner,
-    found: std::ops::Range<usize>,
-    text: &'t str,
-    with_pii: bool,
-    aws_context: &dyn Fn() -> bool,
-) -> Verdict<'t> {
-    // Alone, an alternative sees the text up to one character past the candidate: enough for
-    // the trailing `\b` or delimiter, and it cannot wander off scanning the rest.
-    let mut limit = (found.end + 1).min(text.len());
-    while !text.is_char_boundary(limit) {
-        limit += 1;
-    }
-    let window = &text[..limit];
-    let mut identified = None;
-    for part in &scanner.parts {
-        let Some(captures) = part.regex.captures_at(window, found.start) else {
-            continue;
-        };
-        let whole = captures.get(0).map(|m| m.range());
-        if whole == Some(found.clone()) {
-            identified = Some((part, captures));
-            break;
-        }
-    }
-    let Some((part, captures)) = identified else {
-        // Not expected: the alternation matched, so one of its parts does too.
-        return Verdict::Skip(found.end);
+/// `part`'s verdict on its match starting exactly at `start`, if it has one there.
+fn judge(
+    context: &Context<'_>,
+    part: &Part,
+    text: &str,
+    start: usize,
+    limit: usize,
+) -> Option<Verdict> {
+    let input = Input::new(text).span(start..limit).anchored(Anchored::Yes);
+    let found = part.regex.search(&input)?;
+    let end = found.end();
+    let needs_groups = part.value.is_some() || part.zip.is_some() || part.key.is_some();
+    let captures = needs_groups.then(|| {
+        let mut captures = part.regex.create_captures();
+        part.regex
+            .search_captures(&input.clone().span(start..end), &mut captures);
+        captures
+    });
+    let span_of = |group: Option<usize>| {
+        let index = group?;
+        captures.as_ref()?.get_group(index).map(|span| span.range())
     };
-    let span_of = |group: Option<usize>| group.and_then(|g| captures.get(g)).map(|m| m.range());
-    let (start, end) = (found.start, found.end);
     let (v_start, v_end) = span_of(part.value).map_or((start, end), |r| (r.start, r.end));
-    let zip = span_of(part.zip);
-    let kind = part.kind;
     let span = &text[v_start..v_end];
-    let replace = |with: &'static str| Verdict::Replace {
-        start: v_start,
-        end: v_end,
-        with,
-        keep: None,
+    let replace = |with: &'static str| {
+        Verdict::Replace(Edit {
+            start: v_start,
+            end: v_end,
+            with,
+            keep: None,
+        })
     };
-    match kind {
+    let skip = |until: usize| Verdict::Skip { until };
+    let verdict = match part.kind {
         Kind::Pem | Kind::UrlUserinfo | Kind::SlackHook | Kind::Vendor => replace(REDACTED),
         Kind::KeyValue => {
-            let key = span_of(part.key).map_or("", |r| &text[r]);
-            if !super::fields::is_secret_name(key) {
-                return Verdict::Skip(v_start);
+            let key = span_of(part.key).unwrap_or(start..start);
+            if !super::fields::is_secret_name(&text[key.clone()]) {
+                return Some(Verdict::SkipPair {
+                    key,
+                    value: v_start,
+                });
             }
             match quoted_inner(span) {
-                Some((open, close)) => Verdict::Replace {
+                Some((open, close)) => Verdict::Replace(Edit {
                     start: v_start + open,
                     end: v_end - close,
                     with: REDACTED,
                     keep: None,
-                },
+                }),
                 None => replace(REDACTED),
             }
         }
         Kind::Bearer if looks_like_credential(span) => replace(REDACTED),
-        Kind::AwsSecret if looks_like_aws_secret(text, v_start, v_end, aws_context) => {
+        Kind::AwsSecret if looks_like_aws_secret(text, v_start, v_end, context.aws_context) => {
             replace(REDACTED)
         }
-        Kind::AwsSecret => Verdict::Skip(v_end),
+        Kind::AwsSecret => skip(v_end),
         Kind::Card if is_card(text, v_start, v_end) => replace(REDACTED),
         Kind::Ssn if is_ssn_or_itin(span) && standalone(text, v_start, v_end) => replace(REDACTED),
         Kind::Ein if is_ein(span) && standalone(text, v_start, v_end) => replace(REDACTED),
-        Kind::Email if with_pii && !span.starts_with("git@") => replace(super::REDACTED_EMAIL),
-        Kind::Phone if with_pii && is_phone(text, start, end) => replace(super::REDACTED_PHONE),
-        Kind::Address | Kind::AddressEu if with_pii => Verdict::Replace {
+        Kind::Email if context.with_pii && !span.starts_with("git@") => {
+            replace(super::REDACTED_EMAIL)
+        }
+        Kind::Phone if context.with_pii && is_phone(text, start, end) => {
+            replace(super::REDACTED_PHONE)
+        }
+        Kind::Address | Kind::AddressEu if context.with_pii => Verdict::Replace(Edit {
             start,
             end,
             with: super::REDACTED_ADDRESS,
-            keep: zip.map(|r| &text[r]),
-        },
-        Kind::Iban if with_pii && iban_checksum_ok(span) => replace(super::REDACTED_PAYMENT),
-        _ => Verdict::Skip(end),
-    }
+            keep: span_of(part.zip),
+        }),
+        Kind::Iban if context.with_pii && iban_checksum_ok(span) => {
+            replace(super::REDACTED_PAYMENT)
+        }
+        _ => skip(end),
+    };
+    Some(verdict)
 }
 
 /// For a quoted value, how many bytes of quoting sit on each side.
