@@ -109,6 +109,30 @@ impl Redactor {
     pub fn redact_output_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
         scan::scan(text, true, &|| false)
     }
+
+    /// At most `max_chars` characters of `text` with credentials replaced, for keeping an
+    /// excerpt of something too long or malformed to keep whole. The whole text is redacted
+    /// before it is cut, so a cut can never fall inside a secret and leave its start; the cut
+    /// then backs off to the end of the last whole word (a cut word is dropped, not kept in
+    /// part), the excerpt is redacted again (a piece can look different once its continuation
+    /// is gone), and a note says how many bytes were left out.
+    pub fn redact_excerpt(&self, text: &str, max_chars: usize) -> String {
+        let redacted = self.redact_text(text);
+        let Some((cut, next)) = redacted.char_indices().nth(max_chars) else {
+            return redacted.into_owned();
+        };
+        let mut end = cut;
+        if in_word(next) {
+            while let Some(last) = redacted[..end].chars().next_back() {
+                if !in_word(last) {
+                    break;
+                }
+                end -= last.len_utf8();
+            }
+        }
+        let kept = self.redact_text(&redacted[..end]);
+        format!("{kept}[{} bytes omitted]", redacted.len() - end)
+    }
 }
 
 /// Whether the JSON around a value talks about AWS (a key naming it, or an access key id in a
@@ -218,6 +242,17 @@ fn is_card_number(number: &Number) -> bool {
     };
     (100_000_000_000_000..10_000_000_000_000_000_000).contains(&value)
         && scan::is_card_digits(&value.to_string())
+}
+
+/// Whether `c` continues a word for [`Redactor::redact_excerpt`]: everything but white space
+/// and the quotes and punctuation that separate values (a token's own `-_./+=:` and a
+/// `[REDACTED]` marker's brackets continue it).
+fn in_word(c: char) -> bool {
+    !(c.is_whitespace()
+        || matches!(
+            c,
+            '"' | '\'' | ',' | ';' | '(' | ')' | '{' | '}' | '<' | '>'
+        ))
 }
 
 fn contains_ignore_case(haystack: &str, needle: &str) -> bool {

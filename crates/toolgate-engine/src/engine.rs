@@ -30,6 +30,9 @@ use crate::outcome::{CreateRun, ExecuteOutcome, ExecuteRequest};
 /// Longest tool name kept verbatim in the ledger for a call naming an unknown tool.
 const MAX_RECORDED_NAME: usize = 128;
 
+/// How many characters of arguments that are not JSON the ledger keeps (redacted).
+const UNPARSED_EXCERPT_CHARS: usize = 1024;
+
 /// A decision and risk level, as reported in outcomes.
 type Verdict = (Decision, RiskLevel);
 
@@ -956,14 +959,14 @@ impl Engine {
         Ok(value)
     }
 
-    /// What the ledger keeps of arguments that did not parse: a redacted, truncated excerpt,
+    /// What the ledger keeps of arguments that did not parse: an excerpt of the redacted text
+    /// (redacted whole, then cut between words, so no part of a secret survives the cut),
     /// nothing at all when they were oversize.
     fn redacted_raw_arguments(&self, raw: &str) -> Value {
         if raw.len() > self.config.max_argument_bytes {
             return json!({"_unparsed": format!("[{} bytes omitted]", raw.len())});
         }
-        let excerpt: String = raw.chars().take(1024).collect();
-        json!({"_unparsed": self.redactor.redact_text(&excerpt)})
+        json!({"_unparsed": self.redactor.redact_excerpt(raw, UNPARSED_EXCERPT_CHARS)})
     }
 
     fn event(&self, call: &ToolCallRecord, kind: &str, payload: Value) -> NewAuditEvent {

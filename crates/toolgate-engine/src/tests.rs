@@ -7,6 +7,7 @@ mod answers;
 mod ledgers;
 mod resume_promises;
 mod settled;
+mod unparsed;
 
 use std::sync::Arc;
 use std::time::Duration;

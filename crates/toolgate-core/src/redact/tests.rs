@@ -206,3 +206,39 @@ fn a_slack_webhook_path_alone_is_redacted() {
     assert!(!redacted.contains("aBcDeFgHiJkLmNoPqRsTuVwX"), "{redacted}");
     assert!(redacted.contains("/services/"), "{redacted}");
 }
+
+#[test]
+fn excerpts_are_redacted_whole_and_cut_between_words() {
+    let token = "ghp_abcdefghijklmnopqrstuvwxyz0123456789";
+    // (text, max characters, the excerpt expected)
+    let cases: Vec<(String, usize, String)> = vec![
+        ("short".into(), 10, "short".into()),
+        // The cut falls inside a token: redacted before the cut, so only the marker is cut,
+        // and it is dropped whole.
+        (
+            format!("see {token} now"),
+            12,
+            format!("see [{} bytes omitted]", "[REDACTED] now".len()),
+        ),
+        // The cut falls inside a plain word: the word goes.
+        (
+            "alpha beta gamma".into(),
+            8,
+            "alpha [10 bytes omitted]".into(),
+        ),
+        // Between words: nothing to drop.
+        (
+            "alpha beta gamma".into(),
+            6,
+            "alpha [10 bytes omitted]".into(),
+        ),
+        // Characters, not bytes: `é` is two bytes.
+        ("éé éé éé".into(), 4, "éé [9 bytes omitted]".into()),
+        // One word longer than the excerpt: nothing of it is kept.
+        ("x".repeat(50), 10, "[50 bytes omitted]".into()),
+    ];
+    let redactor = Redactor::new();
+    for (text, max, expected) in cases {
+        assert_eq!(redactor.redact_excerpt(&text, max), expected, "{text:?}");
+    }
+}
