@@ -183,28 +183,25 @@ fn refused_v4(ip: Ipv4Addr) -> Option<&'static str> {
 }
 
 fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    // IPv4 addresses embedded in IPv6 forms reach the IPv4 host: judge them as IPv4.
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return refused_v4(v4);
-    }
-    let segments = ip.segments();
     if ip.is_unspecified() {
         return Some("unspecified");
     }
     if ip.is_loopback() {
         return Some("loopback");
     }
-    let embedded_v4 = |hi: u16, lo: u16| {
-        let [h1, h2] = hi.to_be_bytes();
-        let [l1, l2] = lo.to_be_bytes();
-        Ipv4Addr::new(h1, h2, l1, l2)
-    };
-    let range = match segments {
+    // IPv4 addresses embedded in IPv6 forms reach the IPv4 host: judge them as IPv4 too (an
+    // embedded public address does not clear a refused IPv6 range, as in `fe80::5efe:...`).
+    if let Some(range) = embedded_v4(ip).and_then(refused_v4) {
+        return Some(range);
+    }
+    let range = match ip.segments() {
         // IPv4-compatible (deprecated) ::a.b.c.d: refused outright.
         [0, 0, 0, 0, 0, 0, _, _] => "ipv4-compatible",
-        // NAT64 64:ff9b::/96 and 6to4 2002::/16 carry an IPv4 address the packet reaches.
-        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => return refused_v4(embedded_v4(hi, lo)),
-        [0x2002, hi, lo, ..] => return refused_v4(embedded_v4(hi, lo)),
+        // Local-use NAT64 (RFC 8215): where the IPv4 address sits depends on the prefix length
+        // the network chose, so it cannot be judged; it only exists inside a network anyway.
+        [0x64, 0xff9b, 1, ..] => "local-use nat64",
+        // Teredo hides the IPv4 client behind a relay: no vendor API lives there.
+        [0x2001, 0, ..] => "teredo",
         [first, ..] if first & 0xfe00 == 0xfc00 => "unique-local",
         [first, ..] if first & 0xffc0 == 0xfe80 => "link-local",
         [first, ..] if first & 0xffc0 == 0xfec0 => "site-local",
@@ -214,6 +211,26 @@ fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
         _ => return None,
     };
     Some(range)
+}
+
+/// The IPv4 address a packet to `ip` reaches, for the forms that embed one: IPv4-mapped
+/// (`::ffff:a.b.c.d`), IPv4-translated (`::ffff:0:a.b.c.d`, SIIT), NAT64's well-known prefix
+/// (`64:ff9b::a.b.c.d`), 6to4 (`2002:AABB:CCDD::`) and ISATAP (`...:0:5efe:a.b.c.d`, also
+/// with the universal bit `200:5efe`).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let v4 = |hi: u16, lo: u16| {
+        let [h1, h2] = hi.to_be_bytes();
+        let [l1, l2] = lo.to_be_bytes();
+        Ipv4Addr::new(h1, h2, l1, l2)
+    };
+    match ip.segments() {
+        [0, 0, 0, 0, 0, 0xffff, hi, lo]
+        | [0, 0, 0, 0, 0xffff, 0, hi, lo]
+        | [0x64, 0xff9b, 0, 0, 0, 0, hi, lo]
+        | [0x2002, hi, lo, ..]
+        | [_, _, _, _, 0 | 0x200, 0x5efe, hi, lo] => Some(v4(hi, lo)),
+        _ => None,
+    }
 }
 
 /// The resolver reqwest uses: resolves through the configured [`DnsResolver`], then refuses
@@ -283,7 +300,30 @@ mod tests {
             ("::ffff:8.8.8.8", None),
             ("::127.0.0.1", Some("ipv4-compatible")),
             ("64:ff9b::a9fe:a9fe", Some("link-local (cloud metadata)")),
+            ("64:ff9b::808:808", None),
+            // IPv4-translated (SIIT), the form `::ffff:0:0/96`.
+            ("::ffff:0:a9fe:a9fe", Some("link-local (cloud metadata)")),
+            ("::ffff:0:7f00:1", Some("loopback")),
+            ("::ffff:0:808:808", None),
+            // Local-use NAT64, whatever the prefix length puts where.
+            ("64:ff9b:1::a9fe:a9fe", Some("local-use nat64")),
+            ("64:ff9b:1:a9fe:a9:fe00::", Some("local-use nat64")),
+            ("64:ff9b:1:ffff::808:808", Some("local-use nat64")),
             ("2002:7f00:1::", Some("loopback")),
+            ("2002:a9fe:a9fe::1", Some("link-local (cloud metadata)")),
+            ("2002:808:808::1", None),
+            ("::127.0.0.1", Some("ipv4-compatible")),
+            ("::8.8.8.8", Some("ipv4-compatible")),
+            ("::ffff:10.0.0.1", Some("private")),
+            // ISATAP interface ids carry the IPv4 end of the tunnel.
+            (
+                "2001:db9::5efe:a9fe:a9fe",
+                Some("link-local (cloud metadata)"),
+            ),
+            ("2a00:1450::200:5efe:a00:1", Some("private")),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Some("teredo")),
+            ("fe80::5efe:808:808", Some("link-local")),
+            ("fd00::200:5efe:808:808", Some("unique-local")),
             ("fc00::1", Some("unique-local")),
             ("fd00:ec2::254", Some("unique-local")),
             ("fe80::1", Some("link-local")),

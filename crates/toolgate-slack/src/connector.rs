@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 use toolgate_core::{
     Connector, ErrorCode, InvocationContext, ToolError, ToolName, ToolOutput, ToolSpec,
 };
-use toolgate_http::{HttpClient, HttpError, Request, RetryPolicy, VendorConfig};
+use toolgate_http::{HttpClient, HttpError, Request, Response, RetryPolicy, VendorConfig};
 
 use crate::blocks::{check_message_text, invalid, parse_blocks};
 use crate::config::SlackConfig;
@@ -138,7 +138,7 @@ impl SlackConnector {
                 .send(request, deadline)
                 .await
                 .map_err(|e| transport_error(&e, true))?;
-            let answer = read_web_api("chat.postMessage", &response.body)
+            let answer = read_web_api("chat.postMessage", &response)
                 .map_err(|e| e.with_attempts(response.attempts))?;
             let thread_ts = answer
                 .pointer("/message/thread_ts")
@@ -189,6 +189,7 @@ impl SlackConnector {
             Ok(response) => response,
             Err(error) => return Err(webhook_failure(&error)),
         };
+        refuse_redirect("incoming webhook", &response)?;
         let text = String::from_utf8_lossy(&response.body);
         if text.trim() != "ok" {
             return Err(
@@ -255,7 +256,7 @@ impl SlackConnector {
             };
             attempts += response.attempts;
             pages += 1;
-            let answer = read_web_api("conversations.history", &response.body)
+            let answer = read_web_api("conversations.history", &response)
                 .map_err(|e| e.with_attempts(attempts))?;
             let page = answer
                 .get("messages")
@@ -389,8 +390,9 @@ impl Connector for SlackConnector {
 }
 
 /// The Web API answers 200 with `{"ok": false, "error": "..."}` for refusals.
-fn read_web_api(method: &str, body: &[u8]) -> Result<Value, ToolError> {
-    let Ok(answer) = serde_json::from_slice::<Value>(body) else {
+fn read_web_api(method: &str, response: &Response) -> Result<Value, ToolError> {
+    refuse_redirect(&format!("{method} method"), response)?;
+    let Ok(answer) = serde_json::from_slice::<Value>(&response.body) else {
         return Err(ToolError::new(
             ErrorCode::VendorError,
             format!("Slack's {method} answered with something that is not JSON"),
@@ -406,6 +408,25 @@ fn read_web_api(method: &str, body: &[u8]) -> Result<Value, ToolError> {
             Err(web_api_error(method, error))
         }
     }
+}
+
+/// Redirects are not followed (the HTTP client's default), so a 3xx that reaches here is an
+/// answer from somewhere other than the endpoint asked (a proxy, a moved or spoofed endpoint):
+/// never a success, whatever its body says. The client reports 4xx and 5xx as errors itself;
+/// this also refuses any other status that is not 2xx.
+fn refuse_redirect(what: &str, response: &Response) -> Result<(), ToolError> {
+    if response.status.is_success() {
+        return Ok(());
+    }
+    let status = response.status.as_u16();
+    let message = if response.status.is_redirection() {
+        format!(
+            "Slack's {what} answered HTTP {status}, a redirect, which is not followed; the answer is not a success"
+        )
+    } else {
+        format!("Slack's {what} answered HTTP {status}, which is not a success")
+    };
+    Err(ToolError::new(ErrorCode::VendorError, message).with_attempts(response.attempts))
 }
 
 /// A webhook answers failures with a 4xx and a plain-text error name in the body.

@@ -126,6 +126,23 @@ impl FakeSlack {
             .await;
     }
 
+    /// The next request whose path ends with `path_suffix` answers `status` (a redirect)
+    /// with a `Location` elsewhere and `body`, as a proxy or a moved endpoint might, even a
+    /// body that reads like a success.
+    pub async fn redirect_next(&self, path_suffix: &str, status: u16, body: &str) {
+        let suffix = path_suffix.to_owned();
+        Mock::given(move |request: &wiremock::Request| request.url.path().ends_with(&suffix))
+            .respond_with(
+                ResponseTemplate::new(status)
+                    .insert_header("location", "https://elsewhere.example/moved")
+                    .set_body_string(body),
+            )
+            .with_priority(1)
+            .up_to_n_times(1)
+            .mount(&self.server)
+            .await;
+    }
+
     /// Requests received at `path_suffix` (e.g. `chat.postMessage`, `conversations.history`,
     /// or [`WEBHOOK_PATH`]).
     pub async fn requests(&self, path_suffix: &str) -> Vec<Request> {

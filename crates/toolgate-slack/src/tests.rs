@@ -671,3 +671,46 @@ async fn a_post_whose_connection_breaks_after_sending_is_outcome_unknown() {
     assert!(err.message.contains("may or may not have posted"), "{err}");
     assert_eq!(hang_up.received(), 1, "Slack got the post");
 }
+
+#[tokio::test]
+async fn a_redirect_is_never_a_success_whatever_its_body() {
+    let s = Setup::new().await;
+    let posted = r#"{"ok": true, "channel": "C0GENERAL1", "ts": "1712345678.000100"}"#;
+    let history = r#"{"ok": true, "messages": [], "has_more": false}"#;
+    // (tool, credential, arguments, the path that redirects, the body it sends)
+    let cases = [
+        (
+            "slack.post_message",
+            s.bot(),
+            json!({"channel": "C0GENERAL1", "text": "x"}),
+            POST,
+            posted,
+        ),
+        (
+            "slack.post_message",
+            s.webhook(),
+            json!({"channel": "C0GENERAL1", "text": "x"}),
+            WEBHOOK_PATH,
+            "ok",
+        ),
+        (
+            "slack.channel_history",
+            s.bot(),
+            json!({"channel": HISTORY_CHANNEL}),
+            HISTORY,
+            history,
+        ),
+    ];
+    for (tool, secret, arguments, path, body) in cases {
+        for status in [301, 302, 303, 307, 308] {
+            s.fake.redirect_next(path, status, body).await;
+            let err = s
+                .call(tool, &secret, arguments.clone())
+                .await
+                .expect_err(&format!("{tool} via {path}: a {status} is not a success"));
+            assert_eq!(err.code, ErrorCode::VendorError, "{tool} {status}: {err}");
+            assert!(err.message.contains("redirect"), "{err}");
+            assert!(!err.message.contains("elsewhere"), "{err}");
+        }
+    }
+}

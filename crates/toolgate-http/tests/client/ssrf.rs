@@ -25,6 +25,8 @@ fn test_resolver() -> StaticResolver {
         .with("mixed.test", &[ip("93.184.216.34"), ip("10.0.0.1")])
         .with("v6loop.test", &[ip("::1")])
         .with("mapped.test", &[ip("::ffff:127.0.0.1")])
+        .with("translated.test", &[ip("::ffff:0:a9fe:a9fe")])
+        .with("nat64.test", &[ip("64:ff9b:1::a9fe:a9fe")])
         .with("private.test", &[ip("192.168.0.10")])
         .with("ula.test", &[ip("fd00::1")])
         .with("linklocal6.test", &[ip("fe80::1")])
@@ -80,6 +82,14 @@ fn payloads(port: u16) -> Vec<(String, Option<&'static str>)> {
             Some("[::ffff:a9fe:a9fe]"),
         ),
         ("http://[64:ff9b::a9fe:a9fe]/".into(), None),
+        (
+            "http://[::ffff:0:a9fe:a9fe]/".into(),
+            Some("[::ffff:0:a9fe:a9fe]"),
+        ),
+        (format!("http://[::ffff:0:7f00:1]:{p}/"), None),
+        ("http://[64:ff9b:1::a9fe:a9fe]/".into(), None),
+        ("http://[64:ff9b:1:a9fe:a9:fe00::]/".into(), None),
+        ("http://[2001:db9::5efe:a9fe:a9fe]/".into(), None),
         ("http://[2002:a9fe:a9fe::]/".into(), None),
         ("http://[fe80::1]/".into(), None),
         ("http://[febf:ffff::1]/".into(), None),
@@ -100,6 +110,8 @@ fn payloads(port: u16) -> Vec<(String, Option<&'static str>)> {
         ("http://mixed.test/".into(), None),
         (format!("http://v6loop.test:{p}/"), None),
         (format!("http://mapped.test:{p}/"), None),
+        ("http://translated.test/".into(), None),
+        ("http://nat64.test/".into(), None),
         ("http://private.test/".into(), None),
         ("http://ula.test/".into(), None),
         ("http://linklocal6.test/".into(), None),
