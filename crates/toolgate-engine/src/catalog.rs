@@ -65,7 +65,7 @@ impl Catalog {
 
     /// Checks `arguments` against the tool's schema. The message lists up to five violations
     /// by location, without echoing argument values (they may hold secrets).
-    pub(crate) fn validate(&self, tool: &ToolName, arguments: &Value) -> Result<(), String> {
+    pub fn validate(&self, tool: &ToolName, arguments: &Value) -> Result<(), String> {
         let Some(validator) = self.validators.get(tool) else {
             return Err(format!("tool `{tool}` has no compiled schema"));
         };

@@ -943,20 +943,7 @@ impl Engine {
     }
 
     fn parse_arguments(&self, text: &str) -> Result<Value, String> {
-        if text.len() > self.config.max_argument_bytes {
-            return Err(format!(
-                "the arguments are {} bytes, more than the limit of {} bytes",
-                text.len(),
-                self.config.max_argument_bytes
-            ));
-        }
-        let text = if text.trim().is_empty() { "{}" } else { text };
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| format!("the arguments are not valid JSON: {e}"))?;
-        if !value.is_object() {
-            return Err("the arguments must be a JSON object".to_owned());
-        }
-        Ok(value)
+        decode_arguments(text, self.config.max_argument_bytes)
     }
 
     /// What the ledger keeps of arguments that did not parse: an excerpt of the redacted text
@@ -1361,4 +1348,23 @@ fn outcome_from_record(record: &ToolCallRecord, replayed: bool) -> ExecuteOutcom
         replayed,
         redacted: false,
     }
+}
+
+/// Decodes a call's `arguments_json` as the pipeline does (step 5, before the schema): at most
+/// `max_bytes`, JSON, an object (blank text is `{}`). The message says what is wrong without
+/// echoing the text.
+pub fn decode_arguments(text: &str, max_bytes: usize) -> Result<Value, String> {
+    if text.len() > max_bytes {
+        return Err(format!(
+            "the arguments are {} bytes, more than the limit of {max_bytes} bytes",
+            text.len()
+        ));
+    }
+    let text = if text.trim().is_empty() { "{}" } else { text };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| format!("the arguments are not valid JSON: {e}"))?;
+    if !value.is_object() {
+        return Err("the arguments must be a JSON object".to_owned());
+    }
+    Ok(value)
 }

@@ -17,7 +17,7 @@ pub mod testkit;
 
 pub use catalog::{Catalog, llm_tool_name, parse_llm_tool_name};
 pub use config::EngineConfig;
-pub use engine::Engine;
+pub use engine::{Engine, decode_arguments};
 pub use error::EngineError;
 pub use outcome::{
     CreateRun, ExecuteOutcome, ExecuteRequest, ResumeDecision, ResumeOutcome, ResumeRequest,

@@ -63,5 +63,7 @@ pub use client::{HttpClient, Request, Response};
 pub use config::{DEFAULT_MAX_BODY_BYTES, VendorConfig};
 pub use error::{ErrorKind, HttpError};
 pub use limit::RateLimit;
-pub use retry::{RetryBudget, RetryPolicy};
-pub use ssrf::{DnsResolver, Resolving, StaticResolver, SystemResolver};
+pub use retry::{RetryBudget, RetryPolicy, requested_wait};
+pub use ssrf::{
+    DnsResolver, Resolving, StaticResolver, SystemResolver, check_target, refused_range,
+};

@@ -172,6 +172,15 @@ impl RetryPolicy {
     }
 }
 
+/// The wait a vendor asked for in `headers` (`Retry-After`, else `X-RateLimit-Reset`) as the
+/// retry policy reads it; `None` when there is none or it is unreadable (then it is ignored).
+pub fn requested_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    match server_hint(headers, now) {
+        Hint::Wait(wait) => Some(wait),
+        Hint::None | Hint::Malformed => None,
+    }
+}
+
 /// Reads the server's requested wait: `Retry-After` (delta seconds or HTTP date), else
 /// `X-RateLimit-Reset` (delta seconds, or a Unix timestamp when the number is that large).
 pub(crate) fn server_hint(headers: &HeaderMap, now: SystemTime) -> Hint {

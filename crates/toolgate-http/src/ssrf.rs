@@ -154,8 +154,17 @@ pub(crate) fn check_url(url: &Url, allow: &AllowList) -> Result<(), Refusal> {
     }
 }
 
-/// The refused range `ip` falls in, or `None` for a public address.
-pub(crate) fn refused_range(ip: IpAddr) -> Option<&'static str> {
+/// Whether the guard lets a request to `url` start: its scheme, userinfo and a literal IP
+/// host are checked, with `allow_hosts` exempt as in [`crate::VendorConfig`]. A host name
+/// passes here and is checked when it resolves (every address it resolves to).
+pub fn check_target(url: &str, allow_hosts: &[String]) -> Result<(), String> {
+    let parsed = Url::parse(url).map_err(|e| format!("not a url: {e}"))?;
+    check_url(&parsed, &AllowList::new(allow_hosts)).map_err(|refusal| refusal.to_string())
+}
+
+/// The refused range `ip` falls in (`"loopback"`, `"private"`, ...), or `None` for a public
+/// address.
+pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => refused_v4(v4),
         IpAddr::V6(v6) => refused_v6(v6),

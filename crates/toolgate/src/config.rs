@@ -717,3 +717,6 @@ mod tests {
         assert_eq!(config.master_keys.as_deref(), Some("k1=AAAA"));
     }
 }
+
+#[cfg(test)]
+mod proptests;
