@@ -9,6 +9,9 @@
 //!   `TOOLGATE_TEST_PG_URL` or 127.0.0.1:5432, dropped afterwards), when one answers: the
 //!   closed and open loops again, against a target of 5,000 calls/s with durable commits.
 //!
+//! - the redactor alone, in-process: a typical call's input and output JSON redacted as the
+//!   engine does (`bench/redaction.rs`), per call.
+//!
 //! Figures: closed-loop throughput of each (and the ratio gateway/echo), latency p50/p99 at a
 //! fixed offered rate (open loop, measured from each call's scheduled send time so a slow answer
 //! cannot hide the calls queued behind it), the gateway's peak RSS after the load, and the median
@@ -36,6 +39,7 @@
 //! - `--sweep`: also measures the gateway's closed-loop throughput at several concurrencies
 //!   (8 to 256), to pick `--concurrency`.
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
+//! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //!
 //! Internal: `--no-build` (the parent already built everything) and `--echo-server`.
 
@@ -43,6 +47,7 @@ mod echo;
 mod load;
 mod postgres;
 mod process;
+mod redaction;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -73,6 +78,12 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     }
     let root = workspace_root()?;
     let target_dir = target_dir(&root);
+    if options.redaction_only {
+        if cfg!(debug_assertions) {
+            return reexec_release(&root, &target_dir, args);
+        }
+        return measure_redaction_only(&options);
+    }
     if !options.no_build {
         cargo(&root, GATEWAY_BUILD)?;
         if cfg!(debug_assertions) {
@@ -97,6 +108,7 @@ struct Options {
     quick: bool,
     no_build: bool,
     echo_server: bool,
+    redaction_only: bool,
 }
 
 /// Concurrencies tried by `--sweep`.
@@ -118,6 +130,7 @@ impl Options {
             quick: false,
             no_build: false,
             echo_server: false,
+            redaction_only: false,
         };
         let mut starts: Option<usize> = None;
         let mut rest = args.iter();
@@ -145,6 +158,7 @@ impl Options {
                 "--quick" => options.quick = true,
                 "--no-build" => options.no_build = true,
                 "--echo-server" => options.echo_server = true,
+                "--redaction-only" => options.redaction_only = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
         }
@@ -164,7 +178,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -174,6 +188,20 @@ where
         Ok(value) if value > T::default() => Ok(value),
         _ => bail!("{name} must be a whole number above 0, got `{text}`"),
     }
+}
+
+/// `--redaction-only`: the redactor's figure against its budget, nothing else.
+fn measure_redaction_only(options: &Options) -> anyhow::Result<()> {
+    let figures = redaction::measure(options.duration.min(Duration::from_secs(3)));
+    let per_call = figures.per_call.as_secs_f64() * 1e6;
+    let verdict = if per_call <= 20.0 { "PASS" } else { "MISS" };
+    println!(
+        "redaction per typical call: {per_call:.1} µs (batches {:.1}-{:.1} µs, {} calls), target at most 20 µs: {verdict}",
+        figures.fastest.as_secs_f64() * 1e6,
+        figures.slowest.as_secs_f64() * 1e6,
+        figures.calls
+    );
+    Ok(())
 }
 
 /// Measures both targets and reports. Runs in the release binary.
@@ -198,6 +226,16 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         options.rate,
         options.duration.as_secs_f64(),
         options.client_threads
+    );
+
+    println!("\n==> redaction of a typical call (in-process)");
+    let redaction = redaction::measure(options.duration.min(Duration::from_secs(3)));
+    println!(
+        "  {:.1} µs per call (batches {:.1}-{:.1} µs, {} calls)",
+        redaction.per_call.as_secs_f64() * 1e6,
+        redaction.fastest.as_secs_f64() * 1e6,
+        redaction.slowest.as_secs_f64() * 1e6,
+        redaction.calls
     );
 
     println!("\n==> echo server (the floor)");
@@ -263,6 +301,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         sweep,
         gateway_stderr,
         postgres,
+        redaction,
     };
     report.print();
     let path = target_dir.join("bench").join("results.json");

@@ -3,11 +3,13 @@
 //!   tests); the one command that says whether main is green. It finds or starts the
 //!   PostgreSQL the end-to-end tests need (`pg.rs`) and fails without one.
 //! - `bench`: the gateway's overhead benchmark (see `bench.rs`).
+//! - `fuzz`: the cargo-fuzz targets, each for a bounded time (see `fuzz.rs`).
 
 #![allow(clippy::print_stdout, reason = "xtask reports to its user on stdout")]
 
 mod bench;
 mod ci;
+mod fuzz;
 mod pg;
 
 use std::process::ExitCode;
@@ -17,9 +19,10 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|bench> [options]\n  ci      format, lints, every test suite (Rust and Python)\n  bench   gateway overhead benchmark; writes target/bench/results.json"
+                "usage: cargo xtask <ci|bench|fuzz> [options]\n  ci      format, lints, every test suite (Rust and Python)\n  bench   gateway overhead benchmark; writes target/bench/results.json\n  fuzz    runs each fuzz target for a bounded time (--seconds N, default 60)"
             );
             return ExitCode::from(2);
         }

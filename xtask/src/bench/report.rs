@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::bench::load::{ClosedLoop, Latency, OpenLoop};
 use crate::bench::process::{CpuUsage, StartupSample};
+use crate::bench::redaction::RedactionFigures;
 
 /// Everything one run measured.
 #[derive(Debug)]
@@ -23,6 +24,8 @@ pub(crate) struct Report {
     pub(crate) gateway_stderr: Option<String>,
     /// The gateway on a PostgreSQL ledger, when a server was available.
     pub(crate) postgres: Option<TargetFigures>,
+    /// The redactor's cost per typical call.
+    pub(crate) redaction: RedactionFigures,
 }
 
 /// The settings both targets were measured with.
@@ -122,6 +125,13 @@ impl Report {
                 unit: "calls/s",
                 limit: 5_000.0,
                 at_least: true,
+            },
+            Check {
+                name: "redaction per typical call",
+                value: micros(self.redaction.per_call),
+                unit: "µs",
+                limit: 20.0,
+                at_least: false,
             },
             Check {
                 name: "gateway peak RSS",
@@ -395,6 +405,12 @@ impl Report {
                 "gateway_cpu_percent": closed.cpu.server_percent,
                 "client_cpu_percent": closed.cpu.client_percent,
             })).collect::<Vec<_>>(),
+            "redaction_us": {
+                "per_call": micros(self.redaction.per_call),
+                "fastest_batch": micros(self.redaction.fastest),
+                "slowest_batch": micros(self.redaction.slowest),
+                "calls": self.redaction.calls,
+            },
             "gateway_stderr": self.gateway_stderr,
             "targets": self.checks().iter().map(|c| json!({
                 "name": c.name,
