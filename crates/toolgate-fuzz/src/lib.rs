@@ -16,8 +16,11 @@ use toolgate_engine::{Catalog, decode_arguments};
 use toolgate_policy::{CompiledPolicy, PolicyRequest};
 use toolgate_slack::{SlackConfig, SlackConnector};
 
+/// One target's property: it panics when the property does not hold for the bytes.
+pub type Property = fn(&[u8]);
+
 /// The targets, by the name of their corpus folder and fuzz binary.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Property)] = &[
     ("redact", redact),
     ("address", address),
     ("retry_hints", retry_hints),
