@@ -407,6 +407,7 @@ impl Report {
             })).collect::<Vec<_>>(),
             "redaction_us": {
                 "per_call": micros(self.redaction.per_call),
+                "median": micros(self.redaction.median),
                 "fastest_batch": micros(self.redaction.fastest),
                 "slowest_batch": micros(self.redaction.slowest),
                 "calls": self.redaction.calls,
