@@ -242,3 +242,39 @@ fn excerpts_are_redacted_whole_and_cut_between_words() {
         assert_eq!(redactor.redact_excerpt(&text, max), expected, "{text:?}");
     }
 }
+
+#[test]
+fn no_pattern_hides_another() {
+    // (text, what must be gone, what must stay)
+    let cases: &[(&str, &str, &str)] = &[
+        // A 40-character JWT header after a space looked like a rejected AWS secret key.
+        (
+            "token eyJhbGciOiAiSFMyNTYiLCAidHlwIjogIkpXVCJ9.eyJzdWIiOiAiMTIzNDU2Nzg5MCJ9.c2ln",
+            "eyJ",
+            "token ",
+        ),
+        // The same 40-character run holding a Google key one character in.
+        ("x+AIzaSyA1234567890abcdefghijklmnopqrstuv", "AIza", "x+"),
+        // A pair's value stops at the first space; the card it starts runs on.
+        ("token =4111 1111 1111 1111 end", "1111", " end"),
+        // A secret inside a pair's name, replaced or not.
+        ("AKIAIOSFODNN7EXAMPLE_token=abc", "AKIA", "_token="),
+        ("AKIAIOSFODNN7EXAMPLE_max_tokens=5", "AKIA", "max_tokens=5"),
+        // A `\n` escape separates words.
+        (
+            r#"{\"detail\":\"\nsk_live_51Hq8sK2eZvKYlo2C0123456789abcdef\"}"#,
+            "sk_live",
+            r"\n",
+        ),
+    ];
+    let redactor = Redactor::new();
+    for (text, gone, kept) in cases {
+        for redacted in [
+            redactor.redact_text(text),
+            redactor.redact_output_text(text),
+        ] {
+            assert!(!redacted.contains(gone), "{text:?} -> {redacted:?}");
+            assert!(redacted.contains(kept), "{text:?} -> {redacted:?}");
+        }
+    }
+}
