@@ -587,6 +587,15 @@ impl PgSchema {
             format!("{TEST_MASTER_KEY}\n"),
         )
         .expect("write the shared key file");
+        {
+            // The gateway refuses a key file others can read.
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(
+                keys.path().join("toolgate-keys"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .expect("make the shared key file private");
+        }
         PgSchema {
             url,
             name: unique_schema_name(),

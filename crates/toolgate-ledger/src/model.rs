@@ -310,8 +310,9 @@ pub struct PendingInvocation {
     pub tool_call_id: ToolCallId,
     /// The tool.
     pub tool: ToolName,
-    /// The original arguments, needed to execute on approval. Kept only while pending.
-    pub arguments: Value,
+    /// The original arguments, needed to execute on approval: sealed, and kept only while
+    /// the row is pending and approval can run it.
+    pub arguments: PendingArguments,
     /// Hex SHA-256 of the arguments.
     pub args_hash: String,
     /// The run's manifest when suspended.
@@ -333,6 +334,25 @@ pub struct PendingInvocation {
     /// The per-call timeout the agent asked for (whole milliseconds, at least 1), which the
     /// approved execution runs under; `None` for the tool's default.
     pub timeout: Option<std::time::Duration>,
+}
+
+/// What a pending invocation keeps of its call's original arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PendingArguments {
+    /// Sealed with the master key ring for the context the engine names; only the engine
+    /// opens it. `key_id` names the key (the text carries it too), so key retirement can see
+    /// what still needs a key and a rewrap can find what to re-seal.
+    Sealed {
+        /// The master key that sealed it.
+        key_id: String,
+        /// The sealed text.
+        sealed: String,
+    },
+    /// In clear: rows written before arguments were sealed, or by an engine used without a
+    /// sealer (library use; the gateway always seals).
+    Clear(Value),
+    /// Not kept: the row is resolved, or approval can never run it (`POLICY_DENIED`).
+    Dropped,
 }
 
 /// An append-only, hash-chained audit record.

@@ -8,8 +8,8 @@ use toolgate_core::{SecretName, TenantId, Timestamp};
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditChain, CredentialKind, CredentialRecord, FinishCall, KeyChange,
-    NewAuditEvent, NewCall, PendingInvocation, Permission, PolicyDecisionRecord, RecordOutcome,
-    ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    NewAuditEvent, NewCall, PendingArguments, PendingInvocation, Permission, PolicyDecisionRecord,
+    RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord,
 };
 use crate::rows::manifest_json;
 
@@ -96,6 +96,14 @@ pub(crate) enum OpKind {
     },
     /// A change outside the database (the master key ring): only its event is written.
     RecordKeyChange(AdminEvent),
+    /// Re-sealed arguments of a row still pending, only if they are still `expected`.
+    ReplacePendingArguments {
+        tenant: TenantId,
+        id: String,
+        expected: String,
+        sealed: String,
+        key_id: String,
+    },
 }
 
 impl OpKind {
@@ -120,7 +128,8 @@ impl OpKind {
             | OpKind::FinishCall(_)
             | OpKind::AppendEvents(_)
             | OpKind::ResolvePending(_)
-            | OpKind::AddPending(_) => None,
+            | OpKind::AddPending(_)
+            | OpKind::ReplacePendingArguments { .. } => None,
         }
     }
 }
@@ -403,7 +412,12 @@ pub(crate) struct PreparedCall {
 #[derive(Debug)]
 pub(crate) struct PreparedPending {
     pub(crate) record: PendingInvocation,
-    pub(crate) arguments: String,
+    /// `arguments`: the clear JSON text, only for rows the engine could not seal.
+    pub(crate) arguments: Option<String>,
+    /// `arguments_sealed`: the sealed arguments.
+    pub(crate) arguments_sealed: Option<String>,
+    /// `arguments_key_id`: the key that sealed them.
+    pub(crate) arguments_key_id: Option<String>,
     pub(crate) manifest: String,
     /// `timeout_ms`: NULL for the tool's default.
     pub(crate) timeout_ms: Option<i64>,
@@ -435,8 +449,17 @@ impl PreparedCall {
 
 impl PreparedPending {
     pub(crate) fn new(record: PendingInvocation) -> PreparedPending {
+        let (arguments, arguments_sealed, arguments_key_id) = match &record.arguments {
+            PendingArguments::Sealed { key_id, sealed } => {
+                (None, Some(sealed.clone()), Some(key_id.clone()))
+            }
+            PendingArguments::Clear(value) => (Some(value.to_string()), None, None),
+            PendingArguments::Dropped => (None, None, None),
+        };
         PreparedPending {
-            arguments: record.arguments.to_string(),
+            arguments,
+            arguments_sealed,
+            arguments_key_id,
             manifest: manifest_json(&record.manifest),
             timeout_ms: record.timeout.map(timeout_ms),
             record,

@@ -968,7 +968,9 @@ impl Store for PgStore {
 
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
         let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT key_id, COUNT(*) FROM tenant_tool_secrets WHERE key_id IS NOT NULL \
+            "SELECT key_id, COUNT(*) FROM (SELECT key_id FROM tenant_tool_secrets \
+             WHERE key_id IS NOT NULL UNION ALL SELECT arguments_key_id FROM pending_invocations \
+             WHERE state = 'pending' AND arguments_key_id IS NOT NULL) AS used \
              GROUP BY key_id ORDER BY key_id",
         )
         .fetch_all(&self.pool)
@@ -978,6 +980,45 @@ impl Store for PgStore {
             .into_iter()
             .map(|(key, count)| (key, u64::try_from(count).unwrap_or(0)))
             .collect())
+    }
+
+    async fn list_pending_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE state = 'pending' \
+              AND arguments_key_id IS NOT NULL AND arguments_key_id <> $1 \
+              ORDER BY tenant, id LIMIT $2"
+        ))
+        .bind(key_id.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replace_pending_arguments(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        expected: &str,
+        sealed: &str,
+        key_id: &str,
+    ) -> Result<bool, LedgerError> {
+        self.submit(OpKind::ReplacePendingArguments {
+            tenant: tenant.clone(),
+            id: id.to_owned(),
+            expected: expected.to_owned(),
+            sealed: sealed.to_owned(),
+            key_id: key_id.to_owned(),
+        })
+        .await?
+        .finished()
     }
 
     async fn replace_sealed(
@@ -1086,5 +1127,9 @@ impl Store for PgStore {
 
     fn subscribe_config_changes(&self) -> Option<watch::Receiver<u64>> {
         Some(self.config_changes.clone())
+    }
+
+    async fn close(&self) {
+        PgStore::close(self).await;
     }
 }

@@ -16,6 +16,7 @@
 //! PostgreSQL backend.
 
 mod bulk;
+mod files;
 mod owner;
 
 mod statements;
@@ -176,6 +177,7 @@ impl SqliteStore {
         // First of all: nothing may read `running` calls as interrupted, or write, while
         // another process owns the file.
         let lock = owner::OwnerLock::acquire(path)?;
+        files::prepare(path)?;
         let shared = SqliteConnectOptions::new()
             .filename(path)
             .foreign_keys(true)
@@ -194,6 +196,9 @@ impl SqliteStore {
             // a close per batch. In memory it costs no system calls.
             .pragma("temp_store", "memory")
             .pragma("wal_autocheckpoint", "8000")
+            // Deleted and overwritten content is zeroed in the file instead of left in free
+            // space, e.g. a pending call's sealed arguments after its decision.
+            .pragma("secure_delete", "on")
             .statement_cache_capacity(WRITE_STATEMENT_CACHE);
         let display = path.display();
         let mut conn = write_options.connect().await.map_err(|error| {
@@ -755,7 +760,9 @@ impl Store for SqliteStore {
 
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
         let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT key_id, COUNT(*) FROM tenant_tool_secrets WHERE key_id IS NOT NULL \
+            "SELECT key_id, COUNT(*) FROM (SELECT key_id FROM tenant_tool_secrets \
+             WHERE key_id IS NOT NULL UNION ALL SELECT arguments_key_id FROM pending_invocations \
+             WHERE state = 'pending' AND arguments_key_id IS NOT NULL) AS used \
              GROUP BY key_id ORDER BY key_id",
         )
         .fetch_all(&self.read)
@@ -765,6 +772,45 @@ impl Store for SqliteStore {
             .into_iter()
             .map(|(key, count)| (key, u64::try_from(count).unwrap_or(0)))
             .collect())
+    }
+
+    async fn list_pending_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE state = 'pending' \
+              AND arguments_key_id IS NOT NULL AND arguments_key_id <> ? \
+              ORDER BY tenant, id LIMIT ?"
+        ))
+        .bind(key_id.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replace_pending_arguments(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        expected: &str,
+        sealed: &str,
+        key_id: &str,
+    ) -> Result<bool, LedgerError> {
+        self.submit(OpKind::ReplacePendingArguments {
+            tenant: tenant.clone(),
+            id: id.to_owned(),
+            expected: expected.to_owned(),
+            sealed: sealed.to_owned(),
+            key_id: key_id.to_owned(),
+        })
+        .await?
+        .finished()
     }
 
     async fn replace_sealed(
@@ -926,5 +972,9 @@ impl Store for SqliteStore {
                     .map_err(|error| LedgerError::Corrupt(format!("column tool: {error}")))
             })
             .collect()
+    }
+
+    async fn close(&self) {
+        SqliteStore::close(self).await;
     }
 }

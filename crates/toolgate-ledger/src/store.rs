@@ -243,8 +243,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         key_id: &str,
         limit: u32,
     ) -> Result<Vec<CredentialRecord>, LedgerError>;
-    /// How many sealed credentials each master key protects.
+    /// How many sealed values each master key protects that must not be lost: sealed
+    /// credentials and the sealed arguments of pending invocations (sealed answers are not
+    /// counted: without their key a replay gets the redacted copy).
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError>;
+    /// Pending invocations of every tenant whose arguments are sealed under a key other than
+    /// `key_id`, at most `limit`.
+    async fn list_pending_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError>;
+    /// Replaces a pending invocation's sealed arguments (re-sealed under `key_id`) only if
+    /// it is still pending with `expected`. Returns whether it was replaced.
+    async fn replace_pending_arguments(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        expected: &str,
+        sealed: &str,
+        key_id: &str,
+    ) -> Result<bool, LedgerError>;
     /// Replaces a sealed value only if it is still `expected` (a concurrent update wins).
     /// Returns whether it was replaced; only then is `admin.credential_rewrapped` written.
     async fn replace_sealed(
@@ -301,4 +320,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn subscribe_config_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
     }
+
+    /// Commits every write queued so far, then closes the store: SQLite checkpoints its
+    /// write-ahead log into the database and truncates it (so nothing overwritten lingers
+    /// there), PostgreSQL gives up this process's liveness key. Writes after this fail with
+    /// [`LedgerError::Closed`].
+    async fn close(&self);
 }

@@ -344,6 +344,16 @@ impl toolgate_core::Sealer for KeyRing {
                 OpenFailure::Invalid => toolgate_core::SealError::Invalid,
             })
     }
+
+    fn key_id_of(&self, sealed: &str) -> Option<String> {
+        let mut fields = sealed.splitn(3, '.');
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(PREFIX), Some(key_id), Some(_)) if KeyId::new(key_id).is_ok() => {
+                Some(key_id.to_owned())
+            }
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

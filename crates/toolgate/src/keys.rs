@@ -69,6 +69,7 @@ pub(crate) fn load_key_ring(
         let ring = KeyRing::parse(&text)?;
         return Ok((ring, true));
     }
+    crate::server::refuse_shared_file(key_file, "key file")?;
     let text = std::fs::read_to_string(key_file)
         .with_context(|| format!("cannot read the key file {}", key_file.display()))?;
     let ring = KeyRing::parse(&text).with_context(|| format!("key file {}", key_file.display()))?;
@@ -84,7 +85,7 @@ pub(crate) async fn check_keys_present(
         let present = KeyId::new(key_id.clone()).is_ok_and(|id| ring.contains(&id));
         if !present {
             bail!(
-                "{count} stored credential(s) are sealed with master key `{key_id}`, which is not loaded; add it back to the key file (or TOOLGATE_MASTER_KEYS) before starting"
+                "{count} stored credential(s) or pending call(s) are sealed with master key `{key_id}`, which is not loaded; add it back to the key file (or TOOLGATE_MASTER_KEYS) before starting"
             );
         }
     }
@@ -213,7 +214,11 @@ impl KeyManager {
     /// credential is replaced only if unchanged since it was read.
     /// Each re-sealed credential gets its own event on its tenant's chain, and the whole run
     /// one on the system chain.
-    pub(crate) async fn rewrap(&self, actor: &Actor) -> anyhow::Result<(u64, u64)> {
+    pub(crate) async fn rewrap(
+        &self,
+        actor: &Actor,
+        engine: &toolgate_engine::Engine,
+    ) -> anyhow::Result<(u64, u64)> {
         let _guard = self.lock.lock().await;
         let ring = self.vault.key_ring();
         let active = ring.active().to_string();
@@ -256,6 +261,11 @@ impl KeyManager {
                 break;
             }
         }
+        // The arguments of suspended calls are sealed with the same keys; the engine, which
+        // seals them, re-seals them.
+        let (pending_rewrapped, pending_skipped) = engine.rewrap_pending_arguments(&active).await?;
+        rewrapped += pending_rewrapped;
+        skipped += pending_skipped;
         let change = KeyChange::Rewrapped {
             active_key_id: active,
             rewrapped,
@@ -282,7 +292,9 @@ impl KeyManager {
             .find(|(key, _)| key == id)
             .map_or(0, |(_, count)| count);
         if in_use > 0 {
-            bail!("key `{id}` still seals {in_use} credential(s); run a rewrap first");
+            bail!(
+                "key `{id}` still seals {in_use} value(s) (credentials, arguments of pending calls); run a rewrap first"
+            );
         }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;

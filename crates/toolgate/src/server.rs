@@ -111,6 +111,8 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = build_registry(&config.disabled_connectors, &config.slack)?;
     let catalog = Arc::new(Catalog::new(registry)?);
+    // Files holding secrets are checked before anything is opened or written.
+    refuse_shared_file(&config.admin_token_file, "admin token file")?;
     let store = config.database.open().await?;
     bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
     let (ring, created) = keys::load_key_ring(&config.key_file, config.master_keys.as_deref())?;
@@ -262,6 +264,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     );
     let drained = tokio::select! {
         served = &mut server => {
+            store.close().await;
             served?;
             return Ok(());
         }
@@ -269,11 +272,12 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         () = shutdown_signal() => false,
     };
     let _ = stop.send(());
+    let mut served = Ok(());
     if drained {
         // Lets the last answers go out and idle connections close; a client holding a
         // stream of its own (a health watch) does not hold the process beyond this.
         match tokio::time::timeout(FLUSH_GRACE, &mut server).await {
-            Ok(served) => served?,
+            Ok(result) => served = result,
             Err(_) => info!("connections still open after the drain; closing them"),
         }
         info!("toolgate stopped");
@@ -283,7 +287,10 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             "the drain timeout passed with calls still running; they are abandoned and the next start records them as outcome_unknown"
         );
     }
-    Ok(())
+    // Commits what is queued and, on SQLite, folds the write-ahead log into the database and
+    // empties it; an abandoned call's later write fails and its row stays `running`.
+    store.close().await;
+    Ok(served?)
 }
 
 /// How long, after the last call has finished, the server may take to send the last answers
@@ -350,6 +357,30 @@ async fn bootstrap_admin_token(
         "created the first admin token in {} (readable only by you); `toolgate admin` reads it from there",
         path.display()
     ));
+    Ok(())
+}
+
+/// Refuses a file holding secrets (`what`: "key file", "admin token file", ...) when the group
+/// or others have any access to it, naming the command that fixes it, as ssh refuses a
+/// private key others can read. A missing file is not refused here.
+pub(crate) fn refuse_shared_file(path: &Path, what: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => {
+            return Err(error)
+                .with_context(|| format!("cannot read the permissions of {}", path.display()));
+        }
+    };
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "the {what} {} has mode {mode:04o}, so other users can read it: run `chmod 600 {}`, then try again",
+            path.display(),
+            path.display()
+        );
+    }
     Ok(())
 }
 

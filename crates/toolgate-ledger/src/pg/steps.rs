@@ -71,8 +71,8 @@ pub(super) const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, a
 
 const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, \
      tool, arguments, args_hash, manifest, policy_version, origin, decision, state, version, \
-     expires_at, created_at, timeout_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
-     $12, $13, $14, $15, $16)";
+     expires_at, created_at, timeout_ms, arguments_sealed, arguments_key_id) VALUES ($1, $2, $3, \
+     $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
 
 /// One operation's view of the writer.
 pub(super) struct Steps<'w> {
@@ -304,6 +304,28 @@ impl Steps<'_> {
                 if changed == 1 {
                     self.append(&event.prepared()).await?;
                 }
+                Ok(Reply::Finished(changed == 1))
+            }
+            OpKind::ReplacePendingArguments {
+                tenant,
+                id,
+                expected,
+                sealed,
+                key_id,
+            } => {
+                let update = sqlx::query(
+                    "UPDATE pending_invocations SET arguments_sealed = $1, arguments_key_id = $2 \
+                     WHERE tenant = $3 AND id = $4 AND state = 'pending' AND arguments_sealed = $5",
+                )
+                .bind(sealed)
+                .bind(key_id)
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(expected);
+                let changed = self
+                    .write(update)
+                    .await
+                    .map_err(|error| unexpected(&error))?;
                 Ok(Reply::Finished(changed == 1))
             }
         }
@@ -802,7 +824,8 @@ impl Steps<'_> {
     ) -> Result<bool, Fail> {
         let claim = sqlx::query(
             "UPDATE pending_invocations SET state = $1, version = version + 1, decided_by = $2, \
-             reason = $3, decided_at = $4, arguments = NULL \
+             reason = $3, decided_at = $4, arguments = NULL, arguments_sealed = NULL, \
+             arguments_key_id = NULL \
              WHERE id = $5 AND tenant = $6 AND version = $7 AND state = 'pending' \
              RETURNING tool_call_id, run",
         )
@@ -871,7 +894,9 @@ impl Steps<'_> {
             .bind(record.version)
             .bind(record.expires_at.0)
             .bind(record.created_at.0)
-            .bind(pending.timeout_ms);
+            .bind(pending.timeout_ms)
+            .bind(&pending.arguments_sealed)
+            .bind(&pending.arguments_key_id);
         self.write(insert).await.map_err(|error| {
             write_failure(
                 &error,

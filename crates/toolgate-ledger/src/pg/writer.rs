@@ -381,10 +381,12 @@ impl Writer {
             .map(|(tenant, _)| before.get(*tenant).map_or(-1, |head| head.chain_seq))
             .collect();
         let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
-        // Bound after the statement's other parameters ($74, $75, $76).
+        // Bound after the statement's other parameters ($74 to $78).
         let finish_answer = std::mem::take(&mut arrays.finish_answer);
         let finish_answer_expires = std::mem::take(&mut arrays.finish_answer_expires);
         let pending_timeout = std::mem::take(&mut arrays.pending_timeout);
+        let pending_sealed = std::mem::take(&mut arrays.pending_arguments_sealed);
+        let pending_key_ids = std::mem::take(&mut arrays.pending_arguments_key_id);
         let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
         let sql = self
             .statements
@@ -415,7 +417,9 @@ impl Writer {
             .bind(previous)
             .bind(finish_answer)
             .bind(finish_answer_expires)
-            .bind(pending_timeout);
+            .bind(pending_timeout)
+            .bind(pending_sealed)
+            .bind(pending_key_ids);
         let moved: HashMap<String, Head> = moved
             .into_iter()
             .map(|(tenant, head)| (tenant.clone(), head.clone()))
@@ -736,11 +740,11 @@ impl Parts {
             ctes.push(
                 "p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, \
                  arguments, args_hash, manifest, policy_version, origin, decision, state, \
-                 version, expires_at, created_at, timeout_ms) \
+                 version, expires_at, created_at, timeout_ms, arguments_sealed, arguments_key_id) \
                  SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], \
                  $39::text[], $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], \
                  $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[], \
-                 $76::bigint[]) \
+                 $76::bigint[], $77::text[], $78::text[]) \
                  RETURNING 1)",
             );
         }
@@ -846,7 +850,7 @@ struct Bulk {
     pending_run: Vec<String>,
     pending_call: Vec<String>,
     pending_tool: Vec<String>,
-    pending_arguments: Vec<String>,
+    pending_arguments: Vec<Option<String>>,
     pending_args_hash: Vec<String>,
     pending_manifest: Vec<String>,
     pending_policy_version: Vec<i64>,
@@ -858,6 +862,9 @@ struct Bulk {
     pending_created: Vec<i64>,
     /// Bound last ($76): it came after the other parameters were numbered.
     pending_timeout: Vec<Option<i64>>,
+    /// Bound last ($77, $78).
+    pending_arguments_sealed: Vec<Option<String>>,
+    pending_arguments_key_id: Vec<Option<String>>,
     finish_id: Vec<String>,
     finish_tenant: Vec<String>,
     finish_status: Vec<String>,
@@ -963,6 +970,10 @@ impl Bulk {
             self.pending_expires.push(record.expires_at.0);
             self.pending_created.push(record.created_at.0);
             self.pending_timeout.push(pending.timeout_ms);
+            self.pending_arguments_sealed
+                .push(pending.arguments_sealed.clone());
+            self.pending_arguments_key_id
+                .push(pending.arguments_key_id.clone());
         }
     }
 

@@ -46,9 +46,9 @@ pub(super) const INSERT_DECISION: &str = "INSERT INTO policy_decisions (id, tena
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub(super) const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, \
-     tool_call_id, tool, arguments, args_hash, manifest, policy_version, origin, decision, state, \
-     version, expires_at, created_at, timeout_ms) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+     tool_call_id, tool, arguments, arguments_sealed, arguments_key_id, args_hash, manifest, \
+     policy_version, origin, decision, state, version, expires_at, created_at, timeout_ms) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub(super) const INSERT_EVENT: &str = "INSERT INTO audit_events (tenant, chain_seq, kind, run, \
      tool_call_id, payload, at, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
@@ -137,6 +137,8 @@ pub(super) fn bind_pending(query: SqlQuery, pending: &PreparedPending) -> SqlQue
         .bind(record.tool_call_id.as_str().to_owned())
         .bind(record.tool.as_str().to_owned())
         .bind(pending.arguments.clone())
+        .bind(pending.arguments_sealed.clone())
+        .bind(pending.arguments_key_id.clone())
         .bind(record.args_hash.clone())
         .bind(pending.manifest.clone())
         .bind(record.policy_version)
@@ -263,9 +265,9 @@ impl RowKind {
             ),
             RowKind::InsertPending => (
                 "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, arguments, \
-                 args_hash, manifest, policy_version, origin, decision, state, version, \
-                 expires_at, created_at, timeout_ms) VALUES ",
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 arguments_sealed, arguments_key_id, args_hash, manifest, policy_version, origin, \
+                 decision, state, version, expires_at, created_at, timeout_ms) VALUES ",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 "",
             ),
             RowKind::InsertEvents => (

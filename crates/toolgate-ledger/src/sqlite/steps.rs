@@ -237,6 +237,31 @@ impl Steps<'_> {
                 }
                 Ok(Reply::Finished(changed == 1))
             }
+            OpKind::ReplacePendingArguments {
+                tenant,
+                id,
+                expected,
+                sealed,
+                key_id,
+            } => {
+                let update = sqlx::query(
+                    "UPDATE pending_invocations SET arguments_sealed = ?, arguments_key_id = ? \
+                     WHERE tenant = ? AND id = ? AND state = 'pending' AND arguments_sealed = ?",
+                )
+                .bind(sealed.clone())
+                .bind(key_id.clone())
+                .bind(tenant.as_str().to_owned())
+                .bind(id.clone())
+                .bind(expected.clone());
+                let changed = self.write(update).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("pending invocation {id}"),
+                        || LedgerError::Database("unexpected foreign key failure".into()),
+                    )
+                })?;
+                Ok(Reply::Finished(changed == 1))
+            }
         }
     }
 
@@ -249,7 +274,8 @@ impl Steps<'_> {
     ) -> Result<bool, Fail> {
         let claim = sqlx::query(
             "UPDATE pending_invocations SET state = ?, version = version + 1, decided_by = ?, \
-             reason = ?, decided_at = ?, arguments = NULL \
+             reason = ?, decided_at = ?, arguments = NULL, arguments_sealed = NULL, \
+             arguments_key_id = NULL \
              WHERE id = ? AND tenant = ? AND version = ? AND state = 'pending' \
              RETURNING tool_call_id, run",
         )

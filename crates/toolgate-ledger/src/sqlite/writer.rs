@@ -149,6 +149,21 @@ impl Writer {
                 self.commit_batch(ops).await;
             }
         }
+        // What the log holds is copied into the database and the log emptied, so no page an
+        // update or delete overwrote stays readable in it after the gateway stops.
+        match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(&mut self.conn)
+            .await
+        {
+            Ok((0, _, _)) => {}
+            Ok((_, log, done)) => {
+                warn!(
+                    log,
+                    done, "the write-ahead log could not be truncated: a reader was busy"
+                );
+            }
+            Err(error) => warn!(%error, "checkpointing the write-ahead log failed"),
+        }
         if let Err(error) = self.conn.close().await {
             warn!(%error, "closing the ledger write connection failed");
         }

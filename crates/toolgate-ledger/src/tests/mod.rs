@@ -625,7 +625,10 @@ pub(crate) fn pending(tenant: &str, call: &str) -> PendingInvocation {
         run: run_id("run-1"),
         tool_call_id: call_id(call),
         tool: tool("slack.post_message"),
-        arguments: json!({ "channel": "#ops", "text": "deploy" }),
+        arguments: PendingArguments::Sealed {
+            key_id: "k1".to_owned(),
+            sealed: "tgs1.k1.sealed-arguments".to_owned(),
+        },
         args_hash: "cd".repeat(32),
         manifest: vec![tool("slack.post_message")],
         policy_version: 1,
