@@ -96,11 +96,12 @@ pub(crate) enum OpKind {
     },
     /// A change outside the database (the master key ring): only its event is written.
     RecordKeyChange(AdminEvent),
-    /// Re-sealed arguments of a row still pending, only if they are still `expected`.
+    /// Re-sealed arguments of a row still pending, only if they are still `expected` (`None`:
+    /// clear arguments, which are cleared).
     ReplacePendingArguments {
         tenant: TenantId,
         id: String,
-        expected: String,
+        expected: Option<String>,
         sealed: String,
         key_id: String,
     },

@@ -783,7 +783,8 @@ impl Store for SqliteStore {
             "SELECT ",
             pending_columns!(),
             " FROM pending_invocations WHERE state = 'pending' \
-              AND arguments_key_id IS NOT NULL AND arguments_key_id <> ? \
+              AND ((arguments_key_id IS NOT NULL AND arguments_key_id <> ?) \
+              OR (arguments_sealed IS NULL AND arguments IS NOT NULL)) \
               ORDER BY tenant, id LIMIT ?"
         ))
         .bind(key_id.to_owned())
@@ -798,14 +799,14 @@ impl Store for SqliteStore {
         &self,
         tenant: &TenantId,
         id: &str,
-        expected: &str,
+        expected: Option<&str>,
         sealed: &str,
         key_id: &str,
     ) -> Result<bool, LedgerError> {
         self.submit(OpKind::ReplacePendingArguments {
             tenant: tenant.clone(),
             id: id.to_owned(),
-            expected: expected.to_owned(),
+            expected: expected.map(str::to_owned),
             sealed: sealed.to_owned(),
             key_id: key_id.to_owned(),
         })

@@ -248,19 +248,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// counted: without their key a replay gets the redacted copy).
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError>;
     /// Pending invocations of every tenant whose arguments are sealed under a key other than
-    /// `key_id`, at most `limit`.
+    /// `key_id`, or kept in clear (rows written before arguments were sealed), at most
+    /// `limit`.
     async fn list_pending_sealed_not_under(
         &self,
         key_id: &str,
         limit: u32,
     ) -> Result<Vec<PendingInvocation>, LedgerError>;
     /// Replaces a pending invocation's sealed arguments (re-sealed under `key_id`) only if
-    /// it is still pending with `expected`. Returns whether it was replaced.
+    /// it is still pending with `expected` (a sealed text, or `None` for clear arguments,
+    /// which are then cleared). Returns whether it was replaced.
     async fn replace_pending_arguments(
         &self,
         tenant: &TenantId,
         id: &str,
-        expected: &str,
+        expected: Option<&str>,
         sealed: &str,
         key_id: &str,
     ) -> Result<bool, LedgerError>;

@@ -147,6 +147,17 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     ));
     // Before serving: calls a crash interrupted are settled as outcome_unknown, never rerun.
     let interrupted = engine.recover_interrupted_calls().await?;
+    // Arguments of calls suspended by a version that kept them in clear (or under a key
+    // that is no longer the active one) are sealed under the active key now.
+    let (sealed, _) = engine
+        .rewrap_pending_arguments(key_manager.vault().key_ring().active().as_str())
+        .await?;
+    if sealed > 0 {
+        info!(
+            sealed,
+            "sealed the arguments of pending calls under the active key"
+        );
+    }
     if interrupted > 0 {
         warn!(
             calls = interrupted,

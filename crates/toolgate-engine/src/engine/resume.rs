@@ -394,8 +394,9 @@ impl Engine {
 
     /// Re-seals the arguments of every pending invocation not sealed under `active` (the
     /// ring's active key), so the old key can be retired without losing a call an approval
-    /// would run. Returns how many were re-sealed and how many were skipped (decided
-    /// meanwhile, or not opening: those are logged and keep their old key).
+    /// would run, and seals those still in clear (rows written before arguments were
+    /// sealed). Returns how many were sealed and how many were skipped (decided meanwhile,
+    /// or not opening: those are logged and keep their old key).
     pub async fn rewrap_pending_arguments(&self, active: &str) -> Result<(u64, u64), EngineError> {
         let Some(sealer) = &self.sealer else {
             return Ok((0, 0));
@@ -415,21 +416,27 @@ impl Engine {
                 return Ok((rewrapped, skipped));
             }
             for pending in fresh {
-                let PendingArguments::Sealed { sealed, .. } = &pending.arguments else {
-                    continue;
-                };
                 let context = [
                     PENDING_CONTEXT,
                     pending.tenant.as_str(),
                     pending.tool_call_id.as_str(),
                 ];
-                let plaintext = match sealer.open(&context, sealed) {
-                    Ok(plaintext) => plaintext,
-                    Err(error) => {
-                        warn!(pending_invocation_id = %pending.id, %error, "pending arguments do not open; they keep their key");
-                        skipped += 1;
-                        continue;
+                let (expected, plaintext) = match &pending.arguments {
+                    PendingArguments::Sealed { sealed, .. } => {
+                        match sealer.open(&context, sealed) {
+                            Ok(plaintext) => (Some(sealed.as_str()), plaintext),
+                            Err(error) => {
+                                warn!(pending_invocation_id = %pending.id, %error, "pending arguments do not open; they keep their key");
+                                skipped += 1;
+                                continue;
+                            }
+                        }
                     }
+                    PendingArguments::Clear(value) => (
+                        None,
+                        zeroize::Zeroizing::new(value.to_string().into_bytes()),
+                    ),
+                    PendingArguments::Dropped => continue,
                 };
                 let resealed = sealer.seal(&context, &plaintext);
                 let key_id = sealer.key_id_of(&resealed).unwrap_or_default();
@@ -438,7 +445,7 @@ impl Engine {
                     .replace_pending_arguments(
                         &pending.tenant,
                         &pending.id,
-                        sealed,
+                        expected,
                         &resealed,
                         &key_id,
                     )

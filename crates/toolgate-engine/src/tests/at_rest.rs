@@ -181,3 +181,76 @@ async fn identifiers_holding_a_credential_are_refused_without_repeating_it(backe
     );
 }
 on_both_ledgers!(identifiers_holding_a_credential_are_refused_without_repeating_it);
+
+async fn clear_arguments_left_by_an_engine_without_keys_are_sealed_by_a_rewrap(backend: Backend) {
+    let h = harness(&backend).await;
+    h.engine
+        .put_policy(&h.tenant, APPROVAL_POLICY, "test")
+        .await
+        .unwrap();
+    // An engine without a sealer, as a version before sealing was: it keeps them in clear.
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Arc::new(TestkitConnector) as Arc<dyn Connector>)
+        .unwrap();
+    let unsealed = Engine::new(
+        Arc::clone(&h.store),
+        Arc::new(Catalog::new(registry).unwrap()),
+        Arc::new(SystemClock),
+        EngineConfig::default(),
+    )
+    .unwrap();
+    let run = h.run(None).await;
+    let outcome = unsealed
+        .execute(h.request(
+            &run,
+            "testkit.transfer",
+            &json!({"amount": 5000, "region": "us-east-1", "account": TOKEN}).to_string(),
+        ))
+        .await
+        .unwrap();
+    let pending = outcome.pending_invocation_id.expect("suspended");
+    let read = || async {
+        h.store
+            .get_pending(&h.tenant, &pending)
+            .await
+            .unwrap()
+            .unwrap()
+            .arguments
+    };
+    assert!(matches!(
+        read().await,
+        toolgate_ledger::PendingArguments::Clear(_)
+    ));
+
+    assert_eq!(
+        h.engine.rewrap_pending_arguments("k1").await.unwrap(),
+        (1, 0)
+    );
+    let toolgate_ledger::PendingArguments::Sealed { key_id, sealed } = read().await else {
+        panic!("not sealed");
+    };
+    assert_eq!(key_id, "k1");
+    assert!(!sealed.contains("abcdefghijkl"));
+    assert_eq!(
+        h.engine.rewrap_pending_arguments("k1").await.unwrap(),
+        (0, 0),
+        "nothing is left to seal"
+    );
+    let outcome = h
+        .engine
+        .resume(resume_request(
+            &h,
+            &run,
+            &pending,
+            ResumeDecision::Approve,
+            "alice",
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, crate::ResumeOutcome::Executed(o) if o.status == ToolCallStatus::Succeeded),
+        "{outcome:?}"
+    );
+}
+on_both_ledgers!(clear_arguments_left_by_an_engine_without_keys_are_sealed_by_a_rewrap);

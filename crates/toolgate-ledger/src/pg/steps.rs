@@ -314,8 +314,10 @@ impl Steps<'_> {
                 key_id,
             } => {
                 let update = sqlx::query(
-                    "UPDATE pending_invocations SET arguments_sealed = $1, arguments_key_id = $2 \
-                     WHERE tenant = $3 AND id = $4 AND state = 'pending' AND arguments_sealed = $5",
+                    "UPDATE pending_invocations SET arguments = NULL, arguments_sealed = $1, \
+                     arguments_key_id = $2 WHERE tenant = $3 AND id = $4 AND state = 'pending' \
+                     AND (arguments_sealed = $5 OR ($5 IS NULL AND arguments_sealed IS NULL \
+                     AND arguments IS NOT NULL))",
                 )
                 .bind(sealed)
                 .bind(key_id)

@@ -245,13 +245,16 @@ impl Steps<'_> {
                 key_id,
             } => {
                 let update = sqlx::query(
-                    "UPDATE pending_invocations SET arguments_sealed = ?, arguments_key_id = ? \
-                     WHERE tenant = ? AND id = ? AND state = 'pending' AND arguments_sealed = ?",
+                    "UPDATE pending_invocations SET arguments = NULL, arguments_sealed = ?, \
+                     arguments_key_id = ? WHERE tenant = ? AND id = ? AND state = 'pending' \
+                     AND (arguments_sealed = ? OR (? IS NULL AND arguments_sealed IS NULL \
+                     AND arguments IS NOT NULL))",
                 )
                 .bind(sealed.clone())
                 .bind(key_id.clone())
                 .bind(tenant.as_str().to_owned())
                 .bind(id.clone())
+                .bind(expected.clone())
                 .bind(expected.clone());
                 let changed = self.write(update).await.map_err(|error| {
                     write_failure(

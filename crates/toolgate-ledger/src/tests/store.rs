@@ -1446,7 +1446,7 @@ on_both_backends! {
         let acme = tenant_id("acme");
         assert!(
             !store
-                .replace_pending_arguments(&acme, "pend-call-p", "tgs1.k1.other", "tgs1.k2.new", "k2")
+                .replace_pending_arguments(&acme, "pend-call-p", Some("tgs1.k1.other"), "tgs1.k2.new", "k2")
                 .await
                 .unwrap(),
             "a replacement that did not see the current value changes nothing"
@@ -1456,7 +1456,7 @@ on_both_backends! {
                 .replace_pending_arguments(
                     &acme,
                     "pend-call-p",
-                    "tgs1.k1.sealed-arguments",
+                    Some("tgs1.k1.sealed-arguments"),
                     "tgs1.k2.new",
                     "k2"
                 )
@@ -1483,5 +1483,36 @@ on_both_backends! {
                 .unwrap()
         );
         assert!(store.sealed_key_usage().await.unwrap().is_empty());
+
+        // Arguments kept in clear (by an older version) are found whatever the key, and
+        // sealing them clears them.
+        let mut clear = waiting_call("acme", "call-q", Some("use-q"));
+        clear.pending.as_mut().unwrap().arguments =
+            PendingArguments::Clear(json!({ "text": "deploy" }));
+        store.record_call(clear).await.unwrap();
+        let found = store.list_pending_sealed_not_under("k2", 10).await.unwrap();
+        assert_eq!(found.len(), 1);
+        assert!(matches!(found[0].arguments, PendingArguments::Clear(_)));
+        assert!(
+            store
+                .replace_pending_arguments(&acme, "pend-call-q", None, "tgs1.k2.q", "k2")
+                .await
+                .unwrap()
+        );
+        let row = store.get_pending(&acme, "pend-call-q").await.unwrap().unwrap();
+        assert_eq!(
+            row.arguments,
+            PendingArguments::Sealed {
+                key_id: "k2".to_owned(),
+                sealed: "tgs1.k2.q".to_owned()
+            }
+        );
+        assert!(
+            !store
+                .replace_pending_arguments(&acme, "pend-call-q", None, "tgs1.k2.r", "k2")
+                .await
+                .unwrap(),
+            "sealed arguments are not replaced as if they were clear"
+        );
     }
 }
