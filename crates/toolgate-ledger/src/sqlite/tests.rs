@@ -473,8 +473,10 @@ async fn what_a_decision_clears_is_gone_from_the_files_once_the_store_closes() {
     let marker = "clear-arguments-marker-7f3e9a";
     let mut call = waiting_call("acme", "call-p", Some("use-p"));
     call.pending.as_mut().unwrap().arguments =
-        // Long, so the smaller row that replaces it leaves most of its bytes as free space.
-        PendingArguments::Clear(serde_json::json!({ "text": marker, "pad": "p".repeat(600) }));
+        // Long, so the smaller row that replaces it leaves most of its bytes as free space,
+        // and first (keys are sorted), so the new row, written at the end of that space,
+        // does not cover it.
+        PendingArguments::Clear(serde_json::json!({ "marker": marker, "pad": "p".repeat(600) }));
     db.store().record_call(call).await.unwrap();
     // A row written after it shares its page, so the page is not rebuilt when it shrinks.
     db.store()
@@ -501,7 +503,7 @@ async fn what_a_decision_clears_is_gone_from_the_files_once_the_store_closes() {
     assert_eq!(
         on_disk(&path, marker),
         Vec::<String>::new(),
-        "closing folds the log into the database and empties it"
+        "secure_delete zeroes what the decision cleared, and closing folds the log into the database and empties it"
     );
     let wal = std::fs::metadata(format!("{}-wal", path.display()));
     assert!(
