@@ -1,7 +1,8 @@
 //! Nothing sensitive at rest, as an operator would check it: secrets sent through every door
-//! an agent has (arguments, tool name, ids, error texts, vendor answers, suspended and denied
-//! calls) are not in the raw database files once the gateway has stopped; the files are
-//! private; key and token files others can read are refused with the fix.
+//! an agent or approver has (arguments, tool name, ids, error texts, vendor answers,
+//! suspended and denied calls, a decision's reason) are not in the raw database files once
+//! the gateway has stopped; the files are private; key and token files others can read are
+//! refused with the fix.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -32,8 +33,9 @@ const IN_ANSWER: &str = "ghp_AnswerSecretValue0123456789abcdefABCD";
 const IN_PENDING: &str = "xoxb-410987654321-3098765432109-pendingsecretvalue5678";
 const IN_DENIED: &str = "xoxb-510987654321-4098765432109-deniedsecretvalue90ab";
 const IN_UNPARSABLE: &str = "AKIAQ3EGRVP5UNPARSD9";
+const IN_REASON: &str = "xoxb-610987654321-5098765432109-reasonsecretvaluecdef";
 
-fn secrets() -> [(&'static str, &'static str); 9] {
+fn secrets() -> [(&'static str, &'static str); 10] {
     [
         ("arguments", IN_ARGUMENTS),
         ("tool name", AS_TOOL_NAME),
@@ -44,6 +46,7 @@ fn secrets() -> [(&'static str, &'static str); 9] {
         ("pending call", IN_PENDING),
         ("denied call", IN_DENIED),
         ("unparsable arguments", IN_UNPARSABLE),
+        ("approver's reason", IN_REASON),
     ]
 }
 
@@ -178,7 +181,7 @@ async fn secrets_sent_through_every_door_are_not_in_the_database_files() {
                 run_id: run.clone(),
                 invocation_id: pending_ids[0].clone(),
                 decision: pb::ResumeDecision::Approve.into(),
-                reason: "customer confirmed".into(),
+                reason: format!("customer confirmed, the bot token is {IN_REASON}"),
             },
             &approver,
         ))
