@@ -1,0 +1,1 @@
+//! The connector against the fake Shopify.
