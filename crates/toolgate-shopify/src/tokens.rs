@@ -3,7 +3,8 @@
 //! `POST https://{shop}/admin/oauth/access_token` with `grant_type=client_credentials`, the
 //! app's `client_id` and `client_secret` answers `{access_token, scope, expires_in}`; the token
 //! lasts 24 hours. It is kept in memory only (zeroized when dropped, never logged), reused
-//! until `token_refresh_margin` before it expires, fetched by one call at a time per key while
+//! until `token_refresh_margin` before it expires (and only for the client secret it was
+//! obtained with), fetched by one call at a time per key while
 //! the others wait for it, and dropped when Shopify answers 401 to it (the caller then fetches
 //! a new one once).
 
@@ -33,6 +34,9 @@ pub(crate) struct TokenCache {
 struct Cached {
     token: SecretValue,
     refresh_at: Instant,
+    /// The client secret the token was obtained with: a different one (rotated, or wrong)
+    /// never gets this token.
+    client_secret: SecretValue,
 }
 
 /// A token and how many requests it took to get it (0 when cached).
@@ -64,6 +68,7 @@ impl TokenCache {
         let mut cached = slot.lock().await;
         if let Some(entry) = cached.as_ref()
             && Instant::now() < entry.refresh_at
+            && entry.client_secret.expose() == client_secret.expose()
         {
             return Ok(Obtained {
                 token: entry.token.clone(),
@@ -76,6 +81,7 @@ impl TokenCache {
         *cached = Some(Cached {
             token: token.clone(),
             refresh_at,
+            client_secret: client_secret.clone(),
         });
         Ok(Obtained { token, attempts })
     }
