@@ -94,6 +94,11 @@ fn tools_register_with_schemas_tags_and_risk() {
             spec.name
         );
         assert!(!spec.has_tag("write"), "{}", spec.name);
+        // A plain object at the root, as LLM tool APIs expect.
+        assert_eq!(spec.input_schema["type"], "object");
+        for combinator in ["oneOf", "anyOf", "allOf"] {
+            assert!(spec.input_schema.get(combinator).is_none(), "{}", spec.name);
+        }
     }
     let mut registry = ToolRegistry::new();
     registry.register(Arc::new(connector)).unwrap();

@@ -1,6 +1,10 @@
 //! The three tool specs: names, JSON Schemas, descriptions written for an LLM, tags and risk.
 //! All three only read, so all are idempotent and low risk; they carry the customer's personal
 //! data in their results, which the ledger stores redacted.
+//!
+//! "Exactly one of these two arguments" is said in the descriptions and checked by the
+//! connector, not written as a root-level `oneOf`: LLM tool APIs expect a plain object schema
+//! at the root of a tool's input (OpenAI's strict mode refuses combinators there).
 
 use std::time::Duration;
 
@@ -74,8 +78,9 @@ pub(crate) fn specs() -> Vec<ToolSpec> {
                  financial status (e.g. PAID, REFUNDED), fulfilment status (e.g. UNFULFILLED, \
                  PARTIALLY_FULFILLED, FULFILLED), totals, every line item with quantity and SKU, \
                  the fulfilments with their tracking company, number and URL, the customer, and \
-                 the order status page URL. Use it to answer \"where is my order?\". An order \
-                 that does not exist (or that the app may not see) is a failure saying so.",
+                 the order status page URL. Use it to answer \"where is my order?\". Give exactly \
+                 one of order_number and order_id. An order that does not exist (or that the \
+                 app may not see) is a failure saying so.",
                 json!({
                     "type": "object",
                     "properties": {
@@ -90,7 +95,6 @@ pub(crate) fn specs() -> Vec<ToolSpec> {
                             "description": "The order's Shopify ID, e.g. \"gid://shopify/Order/5678901234\" or \"5678901234\"."
                         }
                     },
-                    "oneOf": [{"required": ["order_number"]}, {"required": ["order_id"]}],
                     "additionalProperties": false
                 }),
             ),
@@ -124,8 +128,8 @@ pub(crate) fn specs() -> Vec<ToolSpec> {
                 "Looks up one product by its Shopify ID or its handle (the URL slug, e.g. \
                  \"classic-tee\"). Returns title, status (ACTIVE, DRAFT, ARCHIVED), vendor, type, \
                  tags, total inventory and price range, and up to 100 variants with SKU, price, \
-                 options and inventory quantity. A product that does not exist is a failure \
-                 saying so.",
+                 options and inventory quantity. Give exactly one of product_id and handle. A \
+                 product that does not exist is a failure saying so.",
                 json!({
                     "type": "object",
                     "properties": {
@@ -141,7 +145,6 @@ pub(crate) fn specs() -> Vec<ToolSpec> {
                             "description": "The product's handle, e.g. \"classic-tee\"."
                         }
                     },
-                    "oneOf": [{"required": ["product_id"]}, {"required": ["handle"]}],
                     "additionalProperties": false
                 }),
             ),
