@@ -87,7 +87,7 @@ impl Admin {
                         (response.status.as_u16(), response.body.clone())
                     }
                     None => {
-                        self.limiter.settle(permit, None);
+                        permit.settle(None);
                         let failed = transport_error(&error, "the query");
                         return Err(failed.with_attempts(attempts + error.attempts()));
                     }
@@ -95,7 +95,7 @@ impl Admin {
             };
             let answer: Option<Value> = serde_json::from_slice(&payload).ok();
             let report = answer.as_ref().and_then(CostReport::from_answer);
-            self.limiter.settle(permit, report);
+            permit.settle(report);
 
             let throttled = answer.as_ref().is_some_and(is_throttled);
             if throttled || status == 429 {

@@ -61,9 +61,17 @@ pub(crate) struct CostLimiter {
     changed: Notify,
 }
 
-/// The right to send one query; hand it back with [`CostLimiter::settle`].
+/// The right to send one query; hand it back with [`Permit::settle`]. A permit dropped
+/// unsettled (the call was cancelled at its deadline, or panicked) gives its reservation back,
+/// so an abandoned query never holds a store's bucket.
 #[derive(Debug)]
 pub(crate) struct Permit {
+    limiter: Arc<CostLimiter>,
+    ticket: Option<Ticket>,
+}
+
+#[derive(Debug)]
+struct Ticket {
     shop: String,
     query: String,
     reserved: f64,
@@ -124,7 +132,7 @@ impl CostLimiter {
     /// Waits until the store's bucket holds the query's cost (the learned requested cost of
     /// `query`, else `estimate`), or fails at once when that wait would pass `deadline`.
     pub(crate) async fn admit(
-        &self,
+        self: &Arc<Self>,
         shop: &str,
         query: &str,
         estimate: f64,
@@ -152,7 +160,7 @@ impl CostLimiter {
     }
 
     fn step(
-        &self,
+        self: &Arc<Self>,
         shop: &str,
         query: &str,
         estimate: f64,
@@ -167,13 +175,13 @@ impl CostLimiter {
             }
             state.probing = true;
             state.admitted += 1;
-            return Ok(Step::Go(Permit {
+            return Ok(Step::Go(self.permit(Ticket {
                 shop: shop.to_owned(),
                 query: query.to_owned(),
                 reserved: cost,
                 probe: true,
                 seq: state.admitted,
-            }));
+            })));
         };
         // A query dearer than the whole bucket cannot be paced into it; Shopify answers it
         // with MAX_COST_EXCEEDED or THROTTLED, which the caller reports.
@@ -183,13 +191,13 @@ impl CostLimiter {
         if available >= needed {
             state.reserved += cost;
             state.admitted += 1;
-            return Ok(Step::Go(Permit {
+            return Ok(Step::Go(self.permit(Ticket {
                 shop: shop.to_owned(),
                 query: query.to_owned(),
                 reserved: cost,
                 probe: false,
                 seq: state.admitted,
-            }));
+            })));
         }
         let wait = Duration::from_secs_f64((needed - available) / bucket.restore_rate);
         if now + wait > deadline {
@@ -198,10 +206,19 @@ impl CostLimiter {
         Ok(Step::Sleep(wait))
     }
 
-    /// Hands a permit back with what the answer reported (`None` when it reported nothing, e.g.
-    /// a transport failure or an HTTP error without a GraphQL body).
-    pub(crate) fn settle(&self, permit: Permit, report: Option<CostReport>) {
-        let mut shops = self.shops.lock().expect("limiter lock");
+    fn permit(self: &Arc<Self>, ticket: Ticket) -> Permit {
+        Permit {
+            limiter: Arc::clone(self),
+            ticket: Some(ticket),
+        }
+    }
+
+    fn finish(&self, permit: Ticket, report: Option<CostReport>) {
+        // Never poisoned in practice; a poisoned lock still holds consistent numbers.
+        let mut shops = self
+            .shops
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let state = shops.entry(permit.shop.clone()).or_default();
         if permit.probe {
             state.probing = false;
@@ -230,6 +247,29 @@ impl CostLimiter {
         }
         drop(shops);
         self.changed.notify_waiters();
+    }
+}
+
+impl Permit {
+    /// Hands the permit back with what the answer reported (`None` when it reported nothing,
+    /// e.g. a transport failure or an HTTP error without a GraphQL body).
+    pub(crate) fn settle(mut self, report: Option<CostReport>) {
+        if let Some(ticket) = self.ticket.take() {
+            self.limiter.finish(ticket, report);
+        }
+    }
+
+    #[cfg(test)]
+    fn is_probe(&self) -> bool {
+        self.ticket.as_ref().is_some_and(|t| t.probe)
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.limiter.finish(ticket, None);
+        }
     }
 }
 
@@ -277,30 +317,30 @@ mod tests {
         let start = Instant::now();
         // The first query learns the bucket: 40 of 100 left, restoring 50 per second.
         let probe = limiter.admit("s", "q", 30.0, far()).await.unwrap();
-        limiter.settle(probe, Some(report(40.0, 30.0)));
+        probe.settle(Some(report(40.0, 30.0)));
         // One more fits at once (40 >= 30), reserving 30.
         let first = limiter.admit("s", "q", 1.0, far()).await.unwrap();
         assert_eq!(Instant::now(), start);
         // The next needs 30 with 10 left: (30 - 10) / 50 = 400 ms.
         let second = limiter.admit("s", "q", 1.0, far()).await.unwrap();
         assert_eq!(Instant::now() - start, Duration::from_millis(400));
-        limiter.settle(first, Some(report(10.0, 30.0)));
-        limiter.settle(second, Some(report(0.0, 30.0)));
+        first.settle(Some(report(10.0, 30.0)));
+        second.settle(Some(report(0.0, 30.0)));
         // Empty: a 30-point query waits 600 ms.
         let before = Instant::now();
         let third = limiter.admit("s", "q", 1.0, far()).await.unwrap();
         assert_eq!(Instant::now() - before, Duration::from_millis(600));
-        limiter.settle(third, Some(report(0.0, 30.0)));
+        third.settle(Some(report(0.0, 30.0)));
         // Another store has its own bucket.
         let other = limiter.admit("t", "q", 30.0, far()).await.unwrap();
-        assert!(other.probe);
+        assert!(other.is_probe());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_wait_past_the_deadline_fails_at_once() {
         let limiter = CostLimiter::new();
         let probe = limiter.admit("s", "q", 80.0, far()).await.unwrap();
-        limiter.settle(probe, Some(report(0.0, 80.0)));
+        probe.settle(Some(report(0.0, 80.0)));
         let start = Instant::now();
         let refused = limiter
             .admit("s", "q", 80.0, start + Duration::from_secs(1))
@@ -323,21 +363,21 @@ mod tests {
             !waiting.is_finished(),
             "admitted before the bucket was known"
         );
-        limiter.settle(probe, Some(report(100.0, 10.0)));
+        probe.settle(Some(report(100.0, 10.0)));
         let permit = waiting.await.unwrap().unwrap();
-        assert!(!permit.probe);
+        assert!(!permit.is_probe());
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_newest_answer_sets_the_bucket_and_older_ones_only_lower_it() {
         let limiter = CostLimiter::new();
         let probe = limiter.admit("s", "q", 10.0, far()).await.unwrap();
-        limiter.settle(probe, Some(report(100.0, 10.0)));
+        probe.settle(Some(report(100.0, 10.0)));
         let a = limiter.admit("s", "q", 10.0, far()).await.unwrap();
         let b = limiter.admit("s", "q", 10.0, far()).await.unwrap();
         // b's answer (bucket 80, counting a) arrives first, then a's with a stale 90.
-        limiter.settle(b, Some(report(80.0, 10.0)));
-        limiter.settle(a, Some(report(90.0, 10.0)));
+        b.settle(Some(report(80.0, 10.0)));
+        a.settle(Some(report(90.0, 10.0)));
         {
             let state = limiter.shops.lock().unwrap();
             assert_eq!(state["s"].bucket.unwrap().available, 80.0);
@@ -345,8 +385,29 @@ mod tests {
         }
         // A newer answer lower than the bookkeeping (another client spent) is believed too.
         let c = limiter.admit("s", "q", 10.0, far()).await.unwrap();
-        limiter.settle(c, Some(report(20.0, 10.0)));
+        c.settle(Some(report(20.0, 10.0)));
         let state = limiter.shops.lock().unwrap();
         assert_eq!(state["s"].bucket.unwrap().available, 20.0);
+    }
+
+    /// A call cancelled at its deadline drops its permit: the reservation comes back, and a
+    /// dropped probe lets the next query probe.
+    #[tokio::test(start_paused = true)]
+    async fn dropped_permits_give_their_reservation_back() {
+        let limiter = CostLimiter::new();
+        let probe = limiter.admit("s", "q", 10.0, far()).await.unwrap();
+        drop(probe);
+        let probe = limiter.admit("s", "q", 10.0, far()).await.unwrap();
+        assert!(
+            probe.is_probe(),
+            "the store was left waiting for a probe that never returns"
+        );
+        probe.settle(Some(report(30.0, 10.0)));
+        let abandoned = limiter.admit("s", "q", 10.0, far()).await.unwrap();
+        let kept = limiter.admit("s", "q", 10.0, far()).await.unwrap();
+        drop(abandoned);
+        assert_eq!(limiter.shops.lock().unwrap()["s"].reserved, 10.0);
+        kept.settle(None);
+        assert_eq!(limiter.shops.lock().unwrap()["s"].reserved, 0.0);
     }
 }
