@@ -55,6 +55,7 @@ impl Admin {
         );
         let body = json!({"query": with_fragments(query), "variables": variables}).to_string();
         let mut attempts = attempts_before;
+        let bucket = credentials.bucket_key();
         let mut throttled_once = false;
         let mut refreshed = false;
         loop {
@@ -63,7 +64,7 @@ impl Admin {
                 .await?;
             let admitted = self
                 .limiter
-                .admit(&credentials.shop.key, &query.key, query.estimate, deadline)
+                .admit(&bucket, &query.key, query.estimate, deadline)
                 .await;
             let permit = match admitted {
                 Ok(permit) => permit,

@@ -27,7 +27,7 @@ pub const SECRET_NAME: &str = "shopify_default";
 pub(crate) struct Shop {
     /// `https://acme.myshopify.com` (or `http://127.0.0.1:PORT` for an allowed test host).
     pub(crate) origin: String,
-    /// `acme.myshopify.com` or `127.0.0.1:PORT`: the key of the store's cost bucket.
+    /// `acme.myshopify.com` or `127.0.0.1:PORT`.
     pub(crate) key: String,
 }
 
@@ -64,6 +64,23 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Credentials {
+    /// The key of the cost bucket this credential draws on: Shopify keeps one per app and
+    /// store, so two tenants using the same app on the same store share one, and different
+    /// apps on one store do not. A static token stands for its app by a fingerprint (kept in
+    /// memory only, never shown).
+    pub(crate) fn bucket_key(&self) -> String {
+        let app = match &self.auth {
+            Auth::Client { client_id, .. } => format!("client:{client_id}"),
+            Auth::Token(token) => {
+                use std::hash::{Hash as _, Hasher as _};
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                token.expose().hash(&mut hasher);
+                format!("token:{:016x}", hasher.finish())
+            }
+        };
+        format!("{} {app}", self.shop.key)
+    }
+
     /// Parses and validates the secret's value. Messages never repeat a token or secret.
     pub(crate) fn parse(value: &str, config: &ShopifyConfig) -> Result<Credentials, ToolError> {
         let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(value.trim()) else {
@@ -301,6 +318,20 @@ mod tests {
         assert_eq!(shop.origin, "http://127.0.0.1:4000");
         assert_eq!(shop.key, "127.0.0.1:4000");
         assert!(parse_shop("http://127.0.0.2:4000", &config).is_err());
+    }
+
+    #[test]
+    fn buckets_are_per_app_and_store() {
+        let parse = |v: serde_json::Value| Credentials::parse(&v.to_string(), &config()).unwrap();
+        let a = parse(serde_json::json!({"shop": "acme", "access_token": TOKEN}));
+        let same = parse(serde_json::json!({"shop": "acme.myshopify.com", "access_token": TOKEN}));
+        let other_app =
+            parse(serde_json::json!({"shop": "acme", "access_token": format!("{TOKEN}x")}));
+        let other_shop = parse(serde_json::json!({"shop": "globex", "access_token": TOKEN}));
+        assert_eq!(a.bucket_key(), same.bucket_key());
+        assert_ne!(a.bucket_key(), other_app.bucket_key());
+        assert_ne!(a.bucket_key(), other_shop.bucket_key());
+        assert!(!a.bucket_key().contains(TOKEN));
     }
 
     #[test]

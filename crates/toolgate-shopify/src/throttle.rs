@@ -54,7 +54,8 @@ impl CostReport {
     }
 }
 
-/// Per-store cost buckets, shared by every call of the connector.
+/// Cost buckets per app and store (`Credentials::bucket_key`), shared by every call of the
+/// connector.
 #[derive(Debug, Default)]
 pub(crate) struct CostLimiter {
     shops: Mutex<HashMap<String, ShopState>>,
