@@ -36,6 +36,20 @@ pub(crate) struct Config {
     pub(crate) engine: EngineConfig,
     /// The Slack connector's settings (`[connectors.slack]`).
     pub(crate) slack: SlackSettings,
+    /// The Shopify connector's settings (`[connectors.shopify]`).
+    pub(crate) shopify: ShopifySettings,
+}
+
+/// `[connectors.shopify]`: which Admin API version the Shopify connector pins and which hosts
+/// besides `*.myshopify.com` a tenant's shop may name. Kept here, independent of the connector
+/// crate, so the table parses the same in builds without the `shopify` feature.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShopifySettings {
+    /// `YYYY-MM`; `None` keeps the connector's default (the newest stable release).
+    pub(crate) api_version: Option<String>,
+    /// Hosts a shop may name besides `*.myshopify.com`, exempt from the SSRF guard and allowed
+    /// over plain http (e.g. `127.0.0.1` in tests).
+    pub(crate) allow_hosts: Vec<String>,
 }
 
 /// `[connectors.slack]`: where the Slack connector sends requests. Kept here, independent of
@@ -111,6 +125,8 @@ struct RawConnectors {
     disabled: Option<Vec<String>>,
     #[serde(default)]
     slack: RawSlack,
+    #[serde(default)]
+    shopify: RawShopify,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,6 +135,13 @@ struct RawSlack {
     api_base_url: Option<String>,
     allow_hosts: Option<Vec<String>>,
     webhook_hosts: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShopify {
+    api_version: Option<String>,
+    allow_hosts: Option<Vec<String>>,
 }
 
 /// The environment variables read, each naming the config key it overrides.
@@ -329,6 +352,23 @@ impl Config {
                     .to_owned(),
             );
         }
+        let shopify = ShopifySettings {
+            api_version: raw.connectors.shopify.api_version,
+            allow_hosts: raw.connectors.shopify.allow_hosts.unwrap_or_default(),
+        };
+        if let Some(version) = &shopify.api_version {
+            let shaped = version.len() == 7
+                && version.as_bytes()[4] == b'-'
+                && version
+                    .bytes()
+                    .enumerate()
+                    .all(|(i, b)| i == 4 || b.is_ascii_digit());
+            if !shaped {
+                return Err(format!(
+                    "connectors.shopify.api_version must be a release such as \"2026-10\", got `{version}`"
+                ));
+            }
+        }
         Ok(Config {
             listen,
             drain_timeout: Duration::from_millis(drain_timeout_ms),
@@ -347,6 +387,7 @@ impl Config {
             master_keys: env.get("TOOLGATE_MASTER_KEYS").cloned(),
             engine,
             slack,
+            shopify,
         })
     }
 }
@@ -542,6 +583,12 @@ mod tests {
                 &[],
                 "connectors.slack.webhook_hosts",
             ),
+            ("[connectors.shopify]\ntoken = \"x\"", &[], "token"),
+            (
+                "[connectors.shopify]\napi_version = \"latest\"",
+                &[],
+                "connectors.shopify.api_version",
+            ),
         ];
         for (text, pairs, key) in cases {
             let err = load(text, pairs).unwrap_err();
@@ -673,6 +720,23 @@ mod tests {
             }
         );
         assert_eq!(load("", &[]).unwrap().slack, SlackSettings::default());
+    }
+
+    #[test]
+    fn shopify_settings_are_read() {
+        let config = load(
+            "[connectors.shopify]\napi_version = \"2026-07\"\nallow_hosts = [\"127.0.0.1\"]",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.shopify,
+            ShopifySettings {
+                api_version: Some("2026-07".into()),
+                allow_hosts: vec!["127.0.0.1".into()],
+            }
+        );
+        assert_eq!(load("", &[]).unwrap().shopify, ShopifySettings::default());
     }
 
     #[test]

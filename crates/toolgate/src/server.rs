@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
-use crate::config::{Config, SlackSettings};
+use crate::config::{Config, ShopifySettings, SlackSettings};
 use crate::drain::{Drain, Draining};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
@@ -29,9 +29,11 @@ const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
 /// The connectors compiled into this build, in registration order.
 pub(crate) fn compiled_connectors(
     slack: &SlackSettings,
+    shopify: &ShopifySettings,
 ) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
     let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
     add_slack(&mut connectors, slack)?;
+    add_shopify(&mut connectors, shopify)?;
     add_testkit(&mut connectors);
     Ok(connectors)
 }
@@ -68,6 +70,34 @@ fn add_slack(
     Ok(())
 }
 
+#[cfg(feature = "shopify")]
+fn add_shopify(
+    connectors: &mut Vec<Arc<dyn Connector>>,
+    settings: &ShopifySettings,
+) -> anyhow::Result<()> {
+    let defaults = toolgate_shopify::ShopifyConfig::default();
+    let config = toolgate_shopify::ShopifyConfig {
+        api_version: settings
+            .api_version
+            .clone()
+            .unwrap_or(defaults.api_version.clone()),
+        allow_hosts: settings.allow_hosts.clone(),
+        ..defaults
+    };
+    let connector = toolgate_shopify::ShopifyConnector::new(config)
+        .context("connectors.shopify in the configuration")?;
+    connectors.push(Arc::new(connector));
+    Ok(())
+}
+
+#[cfg(not(feature = "shopify"))]
+fn add_shopify(
+    _connectors: &mut Vec<Arc<dyn Connector>>,
+    _settings: &ShopifySettings,
+) -> anyhow::Result<()> {
+    Ok(())
+}
+
 #[cfg(feature = "testkit")]
 fn add_testkit(connectors: &mut Vec<Arc<dyn Connector>>) {
     connectors.push(Arc::new(toolgate_engine::testkit::TestkitConnector));
@@ -80,8 +110,9 @@ fn add_testkit(_connectors: &mut Vec<Arc<dyn Connector>>) {}
 pub(crate) fn build_registry(
     disabled: &[String],
     slack: &SlackSettings,
+    shopify: &ShopifySettings,
 ) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors(slack)?;
+    let connectors = compiled_connectors(slack, shopify)?;
     for family in disabled {
         if !connectors.iter().any(|c| c.family() == family) {
             let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
@@ -109,7 +140,7 @@ pub(crate) fn build_registry(
 pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = build_registry(&config.disabled_connectors, &config.slack)?;
+    let registry = build_registry(&config.disabled_connectors, &config.slack, &config.shopify)?;
     let catalog = Arc::new(Catalog::new(registry)?);
     // Files holding secrets are checked before anything is opened or written.
     refuse_shared_file(&config.admin_token_file, "admin token file")?;
