@@ -1,6 +1,7 @@
 //! Domain types shared by every toolgate crate: ids, tool specs, the connector interface,
 //! stable error codes, the tool registry and the redactor. This crate does no I/O.
 
+mod audit_key;
 mod clock;
 mod connector;
 mod decision;
@@ -13,6 +14,7 @@ mod spec;
 
 #[cfg(feature = "testkit")]
 pub use clock::ManualClock;
+pub use audit_key::AuditKeys;
 pub use clock::{Clock, SystemClock, Timestamp};
 pub use connector::{
     Connector, InvocationContext, SecretError, SecretSource, SecretValue, Secrets, ToolOutput,
