@@ -39,10 +39,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::checkpoint::Checkpoint;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{mpsc, oneshot, watch};
+use toolgate_core::AuditKeys;
 use toolgate_core::{
     AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName,
     ToolUseId,
@@ -126,12 +128,33 @@ pub struct PgStore {
     commits: watch::Receiver<u64>,
     config_changes: watch::Receiver<u64>,
     listener: tokio::task::JoinHandle<()>,
+    /// The audit chain's keys: new events are MAC'd with them and verification checks them.
+    keys: Option<Arc<dyn AuditKeys>>,
 }
 
 impl PgStore {
     /// Connects, creates the schema if needed, applies pending migrations (replicas starting
     /// together take turns on sqlx's migration lock) and starts the writer and the listener.
+    ///
+    /// Without keys the audit events it writes carry legacy (unkeyed) hashes; the gateway
+    /// connects with [`PgStore::connect_keyed`].
     pub async fn connect(options: &PgOptions) -> Result<PgStore, LedgerError> {
+        PgStore::connect_with(options, None).await
+    }
+
+    /// Like [`PgStore::connect`], with the keys new audit events are MAC'd with (and
+    /// verification checks them against).
+    pub async fn connect_keyed(
+        options: &PgOptions,
+        keys: Arc<dyn AuditKeys>,
+    ) -> Result<PgStore, LedgerError> {
+        PgStore::connect_with(options, Some(keys)).await
+    }
+
+    async fn connect_with(
+        options: &PgOptions,
+        keys: Option<Arc<dyn AuditKeys>>,
+    ) -> Result<PgStore, LedgerError> {
         let base: PgConnectOptions = options
             .url
             .parse()
@@ -212,6 +235,7 @@ impl PgStore {
                 instance,
                 channel,
                 config,
+                keys.clone(),
             )
             .run(),
         );
@@ -224,6 +248,7 @@ impl PgStore {
             commits,
             config_changes,
             listener,
+            keys,
         })
     }
 
@@ -843,12 +868,7 @@ impl Store for PgStore {
         if resolution.call_status == ToolCallStatus::Running {
             self.liveness.check()?;
         }
-        let events = resolution
-            .events
-            .iter()
-            .cloned()
-            .map(PreparedEvent::new)
-            .collect();
+        let events = PreparedEvent::of_resolution(&resolution);
         self.submit(OpKind::ResolvePending(Box::new((resolution, events))))
             .await?
             .finished()
@@ -878,7 +898,7 @@ impl Store for PgStore {
         pending: PendingInvocation,
         events: Vec<NewAuditEvent>,
     ) -> Result<(), LedgerError> {
-        let events = events.into_iter().map(PreparedEvent::new).collect();
+        let events = PreparedEvent::of_pending(&pending, events);
         self.submit(OpKind::AddPending(Box::new((
             PreparedPending::new(pending),
             events,
@@ -1058,9 +1078,20 @@ impl Store for PgStore {
         rows.iter().map(event_from_row).collect()
     }
 
-    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+    fn audit_keys(&self) -> Option<Arc<dyn AuditKeys>> {
+        self.keys.clone()
+    }
+
+    async fn verify_against(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, LedgerError> {
         let mut conn = self.pool.acquire().await.map_err(read_error)?;
-        crate::verify::verify_chains(&mut *conn).await
+        let with = crate::verify::VerifyWith {
+            keys: self.keys.as_deref(),
+            checkpoint,
+        };
+        crate::verify::verify_chains(&mut *conn, with).await
     }
 
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
