@@ -12,9 +12,9 @@ mod registry;
 mod seal;
 mod spec;
 
+pub use audit_key::AuditKeys;
 #[cfg(feature = "testkit")]
 pub use clock::ManualClock;
-pub use audit_key::AuditKeys;
 pub use clock::{Clock, SystemClock, Timestamp};
 pub use connector::{
     Connector, InvocationContext, SecretError, SecretSource, SecretValue, Secrets, ToolOutput,

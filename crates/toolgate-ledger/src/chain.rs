@@ -121,6 +121,62 @@ pub(crate) fn new_link(
     }
 }
 
+/// Whether any event is keyed (1) or none (0).
+pub(crate) const ANY_KEYED: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM audit_events WHERE key_id IS NOT NULL LIMIT 1) AS k";
+
+/// Every chain's head, for [`legacy_record`].
+pub(crate) const ALL_HEADS: &str =
+    "SELECT tenant, chain_seq, hash FROM audit_heads WHERE chain_seq > 0 ORDER BY tenant";
+
+/// The kind of the system chain event that records, when a ledger's keyed chain begins, where
+/// each chain's legacy events end.
+pub(crate) const LEGACY_RECORD_EVENT: &str = "audit.keyed_chain_started";
+
+/// The first keyed record of the legacy events, if any.
+pub(crate) const FIND_LEGACY_RECORD: &str = "SELECT payload FROM audit_events \
+     WHERE tenant = '@system' AND kind = 'audit.keyed_chain_started' AND key_id IS NOT NULL \
+     ORDER BY chain_seq LIMIT 1";
+
+/// The system chain event a store opened with keys writes on a ledger holding only legacy
+/// events: the position and hash of every chain's last legacy event. Keyed, so it
+/// authenticates those legacy prefixes (their content, through the hash chain, and their
+/// length): verification with it refuses any other legacy event.
+pub(crate) fn legacy_record(heads: Vec<(String, i64, String)>) -> crate::ops::PreparedEvent {
+    use toolgate_core::Clock as _;
+    let mut chains = serde_json::Map::new();
+    for (chain, chain_seq, hash) in heads {
+        chains.insert(
+            chain,
+            serde_json::json!({ "chain_seq": chain_seq, "hash": hash }),
+        );
+    }
+    crate::ops::PreparedEvent {
+        tenant: crate::model::SYSTEM_CHAIN.to_owned(),
+        kind: LEGACY_RECORD_EVENT.to_owned(),
+        run: None,
+        tool_call_id: None,
+        payload: serde_json::json!({ "legacy_heads": chains }).to_string(),
+        at: toolgate_core::SystemClock.now().0,
+        binding: None,
+    }
+}
+
+/// Reads a [`legacy_record`] payload: chain id -> (last legacy position, its hash).
+pub(crate) fn parse_legacy_record(
+    payload: &str,
+) -> Option<std::collections::HashMap<String, (i64, String)>> {
+    let value: serde_json::Value = serde_json::from_str(payload).ok()?;
+    let chains = value.get("legacy_heads")?.as_object()?;
+    let mut heads = std::collections::HashMap::new();
+    for (chain, head) in chains {
+        let chain_seq = head.get("chain_seq")?.as_i64()?;
+        let hash = head.get("hash")?.as_str()?.to_owned();
+        heads.insert(chain.clone(), (chain_seq, hash));
+    }
+    Some(heads)
+}
+
 /// Where the encoding goes: a hasher, or a buffer to MAC.
 trait Sink {
     fn update(&mut self, bytes: impl AsRef<[u8]>);

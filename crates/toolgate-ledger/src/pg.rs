@@ -130,6 +130,8 @@ pub struct PgStore {
     listener: tokio::task::JoinHandle<()>,
     /// The audit chain's keys: new events are MAC'd with them and verification checks them.
     keys: Option<Arc<dyn AuditKeys>>,
+    /// Whether this store's open applied the keyed chain's migration.
+    keyed_upgrade: bool,
 }
 
 impl PgStore {
@@ -148,7 +150,33 @@ impl PgStore {
         options: &PgOptions,
         keys: Arc<dyn AuditKeys>,
     ) -> Result<PgStore, LedgerError> {
-        PgStore::connect_with(options, Some(keys)).await
+        let store = PgStore::connect_with(options, Some(keys)).await?;
+        // On a ledger written without keys (before the keyed chain), the first keyed event
+        // records where every chain's legacy events end. Only the open that migrates the
+        // ledger to the keyed chain writes it: later, a ledger holding legacy events only was
+        // rewritten, and must not be vouched for. Replicas starting together may both write
+        // one; verification uses the first.
+        if !store.keyed_upgrade {
+            return Ok(store);
+        }
+        let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(read_error)?;
+        if keyed == 0 {
+            let heads: Vec<(String, i64, String)> = sqlx::query_as(crate::chain::ALL_HEADS)
+                .fetch_all(&store.pool)
+                .await
+                .map_err(read_error)?;
+            if !heads.is_empty() {
+                let record = crate::chain::legacy_record(heads);
+                store
+                    .submit(OpKind::AppendEvents(vec![record]))
+                    .await?
+                    .done()?;
+            }
+        }
+        Ok(store)
     }
 
     async fn connect_with(
@@ -191,6 +219,13 @@ impl PgStore {
                 "could not connect to PostgreSQL {display}: {error}"
             ))
         })?;
+        // Whether this open brings the keyed chain to the ledger (see `open_keyed`).
+        let keyed_before: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM _sqlx_migrations WHERE version = 7 AND success",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or(0);
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
@@ -249,6 +284,7 @@ impl PgStore {
             config_changes,
             listener,
             keys,
+            keyed_upgrade: keyed_before == 0,
         })
     }
 

@@ -86,6 +86,8 @@ pub struct SqliteStore {
     interrupted: String,
     /// The audit chain's keys: new events are MAC'd with them and verification checks them.
     keys: Option<Arc<dyn AuditKeys>>,
+    /// Whether this store's open applied the keyed chain's migration.
+    keyed_upgrade: bool,
 }
 
 /// What the writer has done since the store was opened.
@@ -121,7 +123,33 @@ impl SqliteStore {
         path: &Path,
         keys: Arc<dyn AuditKeys>,
     ) -> Result<SqliteStore, LedgerError> {
-        SqliteStore::open_gated(path, None, Some(keys)).await
+        let store = SqliteStore::open_gated(path, None, Some(keys)).await?;
+        // On a ledger written without keys (before the keyed chain), the first keyed event
+        // records where every chain's legacy events end. Only the open that migrates the
+        // ledger to the keyed chain writes it: later, a ledger holding legacy events only was
+        // rewritten, and must not be vouched for. Replicas starting together may both write
+        // one; verification uses the first.
+        if !store.keyed_upgrade {
+            return Ok(store);
+        }
+        let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
+            .fetch_one(&store.read)
+            .await
+            .map_err(read_error)?;
+        if keyed == 0 {
+            let heads: Vec<(String, i64, String)> = sqlx::query_as(crate::chain::ALL_HEADS)
+                .fetch_all(&store.read)
+                .await
+                .map_err(read_error)?;
+            if !heads.is_empty() {
+                let record = crate::chain::legacy_record(heads);
+                store
+                    .submit(OpKind::AppendEvents(vec![record]))
+                    .await?
+                    .done()?;
+            }
+        }
+        Ok(store)
     }
 
     /// A store whose writer waits for `start` before its first batch, so tests can queue
@@ -193,6 +221,7 @@ impl SqliteStore {
             counters: Arc::default(),
             interrupted: "[]".to_owned(),
             keys,
+            keyed_upgrade: false,
         })
     }
 
@@ -227,6 +256,13 @@ impl SqliteStore {
         let mut conn = write_options.connect().await.map_err(|error| {
             LedgerError::Database(format!("could not open ledger {display}: {error}"))
         })?;
+        // Whether this open brings the keyed chain to the ledger (see `open_keyed`).
+        let keyed_before: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM _sqlx_migrations WHERE version = 10 AND success",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or(0);
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
@@ -255,6 +291,7 @@ impl SqliteStore {
             counters,
             interrupted,
             keys,
+            keyed_upgrade: keyed_before == 0,
         })
     }
 

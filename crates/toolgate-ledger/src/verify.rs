@@ -69,6 +69,10 @@ pub(crate) trait ChainReader {
         limit: i64,
     ) -> Result<Vec<StoredEvent>, LedgerError>;
     async fn links(&mut self, tenant: &str) -> Result<Vec<(String, String)>, LedgerError>;
+    /// Whether any event is keyed.
+    async fn any_keyed(&mut self) -> Result<bool, LedgerError>;
+    /// The payload of the first keyed record of the legacy events, if any.
+    async fn legacy_record(&mut self) -> Result<Option<String>, LedgerError>;
     /// A page of a tenant's calls with their bound columns, in insertion order.
     async fn calls(
         &mut self,
@@ -145,6 +149,21 @@ macro_rules! chain_reader {
                 sqlx::query_as("SELECT hash, prev_hash FROM audit_events WHERE tenant = $1")
                     .bind(tenant.to_owned())
                     .fetch_all(&mut *self)
+                    .await
+                    .map_err(read_error)
+            }
+
+            async fn any_keyed(&mut self) -> Result<bool, LedgerError> {
+                let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
+                    .fetch_one(&mut *self)
+                    .await
+                    .map_err(read_error)?;
+                Ok(keyed > 0)
+            }
+
+            async fn legacy_record(&mut self) -> Result<Option<String>, LedgerError> {
+                sqlx::query_scalar(crate::chain::FIND_LEGACY_RECORD)
+                    .fetch_optional(&mut *self)
                     .await
                     .map_err(read_error)
             }
@@ -244,6 +263,15 @@ pub(crate) async fn verify_chains(
     with: VerifyWith<'_>,
 ) -> Result<VerifyReport, LedgerError> {
     let tenants = conn.tenants().await?;
+    // Read once, before the chains: the record's own MAC is checked with the system chain.
+    let legacy = match conn.legacy_record().await? {
+        Some(payload) => match crate::chain::parse_legacy_record(&payload) {
+            Some(heads) => Legacy::Recorded(heads),
+            None => Legacy::Missing,
+        },
+        None if with.keys.is_some() || conn.any_keyed().await? => Legacy::Missing,
+        None => Legacy::Unchecked,
+    };
     let mut report = VerifyReport {
         events_checked: 0,
         chains_checked: 0,
@@ -275,6 +303,7 @@ pub(crate) async fn verify_chains(
             conn,
             tenant,
             with.keys,
+            &legacy,
             expected.as_ref(),
             &mut report,
             &mut missing_keys,
@@ -310,6 +339,18 @@ pub(crate) async fn verify_chains(
     }
     report.missing_keys = missing_keys.into_iter().collect();
     Ok(report)
+}
+
+/// Which legacy (unkeyed) events may exist.
+enum Legacy {
+    /// Those the keyed record names: each chain's up to the recorded position, ending with the
+    /// recorded hash.
+    Recorded(HashMap<String, (i64, String)>),
+    /// None: the ledger has keyed events (or keys were given) but no record of legacy events.
+    Missing,
+    /// No keys and no keyed event: a ledger written without keys; its legacy events are
+    /// counted, not authenticated.
+    Unchecked,
 }
 
 /// An audit row as stored, uninterpreted: verification works on the exact stored text.
@@ -439,6 +480,7 @@ async fn verify_chain(
     conn: &mut impl ChainReader,
     tenant: &str,
     keys: Option<&dyn AuditKeys>,
+    legacy: &Legacy,
     expected: Option<&(i64, String)>,
     report: &mut VerifyReport,
     missing_keys: &mut BTreeSet<String>,
@@ -480,14 +522,15 @@ async fn verify_chain(
             match &event.key_id {
                 None => {
                     report.legacy_events += 1;
-                    unprotected += 1;
+                    if matches!(legacy, Legacy::Unchecked) {
+                        unprotected += 1;
+                    }
                     if let Some(call) = &event.tool_call_id {
                         bound.legacy_calls.insert(call.clone());
                     }
                 }
                 Some(_) => {
                     report.keyed_events += 1;
-                    unprotected = 0;
                     keyed_seen = true;
                 }
             }
@@ -523,6 +566,13 @@ async fn verify_chain(
                          did not write it (it was added or rewritten without the key)"
                     ),
                 ));
+                continue;
+            }
+
+            if event.key_id.is_none()
+                && let Some(detail) = legacy_refused(legacy, tenant, at, &event.hash)
+            {
+                found = Some(problem(at, ChainProblemKind::Edited, detail));
                 continue;
             }
 
@@ -641,8 +691,21 @@ async fn verify_chain(
         }
     }
     report.unprotected_legacy_events += unprotected;
-
     let last = last_seq_read;
+    if let Legacy::Recorded(heads) = legacy
+        && found.is_none()
+        && let Some((legacy_seq, _)) = heads.get(tenant)
+        && *legacy_seq > last
+    {
+        found = Some(problem(
+            last + 1,
+            ChainProblemKind::Deleted,
+            format!(
+                "the chain had {legacy_seq} events when its keyed chain began but ends at \
+                 {last}: events were removed"
+            ),
+        ));
+    }
     if found.is_none()
         && let Some((seq, hash)) = expected
     {
@@ -721,6 +784,35 @@ async fn verify_chain(
         });
     }
     Ok(found)
+}
+
+/// Why the legacy event at `at` of `chain`, with `hash`, cannot be genuine; `None` if it can.
+fn legacy_refused(legacy: &Legacy, chain: &str, at: i64, hash: &str) -> Option<String> {
+    match legacy {
+        Legacy::Unchecked => None,
+        Legacy::Missing => Some(format!(
+            "event {at} has an unkeyed hash, but no authenticated record says the ledger held \
+             legacy events when its keyed chain began: it was rewritten without the key (or \
+             written without keys)"
+        )),
+        Legacy::Recorded(heads) => match heads.get(chain) {
+            None => Some(format!(
+                "event {at} has an unkeyed hash, but its chain had no events when the keyed \
+                 chain began: it was rewritten without the key"
+            )),
+            Some((legacy_seq, _)) if at > *legacy_seq => Some(format!(
+                "event {at} has an unkeyed hash, but only the first {legacy_seq} events of its \
+                 chain predate the keyed chain: it was rewritten without the key"
+            )),
+            Some((legacy_seq, legacy_hash)) if at == *legacy_seq && hash != legacy_hash => {
+                Some(format!(
+                    "event {at} is not the legacy event recorded when the keyed chain began: \
+                     legacy events were rewritten"
+                ))
+            }
+            Some(_) => None,
+        },
+    }
 }
 
 /// Compares a tenant's call, decision and pending rows with what its chain bound; the first

@@ -121,10 +121,7 @@ mod tests {
         let first = KeyRing::from_entries(vec![("k1".into(), KeyRing::generate_key().to_string())])
             .unwrap();
         let rotated = first
-            .rotated(
-                crate::KeyId::new("k2").unwrap(),
-                &KeyRing::generate_key(),
-            )
+            .rotated(crate::KeyId::new("k2").unwrap(), &KeyRing::generate_key())
             .unwrap();
         assert_eq!(rotated.active_key_id(), "k2");
         let old = first.mac("k1", b"event").unwrap();

@@ -82,6 +82,7 @@ enum BatchError {
 }
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)] // The writer's whole state, each part from `connect`.
     pub(super) fn new(
         conn: PgConnection,
         options: PgConnectOptions,
