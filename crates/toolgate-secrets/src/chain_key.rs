@@ -6,6 +6,7 @@
 //! A retired master key takes its chain key with it: events MAC'd under it can no longer be
 //! authenticated, and verification says so.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
@@ -58,8 +59,26 @@ impl toolgate_core::AuditKeys for KeyRing {
 }
 
 /// A key ring that can be replaced while in use (rotation, retirement): the ledger holds one
-/// to MAC new events with whatever ring is current.
-pub struct LiveKeyRing(RwLock<Arc<KeyRing>>);
+/// to MAC new events with whatever ring is current. The chain keys are derived once per ring.
+pub struct LiveKeyRing(RwLock<Current>);
+
+struct Current {
+    ring: Arc<KeyRing>,
+    chain_keys: BTreeMap<String, Zeroizing<[u8; 32]>>,
+}
+
+impl Current {
+    fn new(ring: KeyRing) -> Current {
+        let chain_keys = ring
+            .key_ids()
+            .filter_map(|id| Some((id.as_str().to_owned(), ring.chain_key(id.as_str())?)))
+            .collect();
+        Current {
+            ring: Arc::new(ring),
+            chain_keys,
+        }
+    }
+}
 
 impl std::fmt::Debug for LiveKeyRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -70,27 +89,35 @@ impl std::fmt::Debug for LiveKeyRing {
 impl LiveKeyRing {
     /// Starts with `ring`.
     pub fn new(ring: KeyRing) -> LiveKeyRing {
-        LiveKeyRing(RwLock::new(Arc::new(ring)))
+        LiveKeyRing(RwLock::new(Current::new(ring)))
     }
 
     /// The current ring.
     pub fn get(&self) -> Arc<KeyRing> {
-        Arc::clone(&self.0.read().expect("key ring lock"))
+        Arc::clone(&self.0.read().expect("key ring lock").ring)
     }
 
     /// Replaces the ring.
     pub fn set(&self, ring: KeyRing) {
-        *self.0.write().expect("key ring lock") = Arc::new(ring);
+        *self.0.write().expect("key ring lock") = Current::new(ring);
     }
 }
 
 impl toolgate_core::AuditKeys for LiveKeyRing {
     fn active_key_id(&self) -> String {
-        self.get().active().as_str().to_owned()
+        self.0
+            .read()
+            .expect("key ring lock")
+            .ring
+            .active()
+            .as_str()
+            .to_owned()
     }
 
     fn mac(&self, key_id: &str, message: &[u8]) -> Option<[u8; 32]> {
-        toolgate_core::AuditKeys::mac(self.get().as_ref(), key_id, message)
+        let current = self.0.read().expect("key ring lock");
+        let key = current.chain_keys.get(key_id)?;
+        Some(hmac_sha256(key, message))
     }
 }
 
@@ -128,6 +155,13 @@ mod tests {
         assert_eq!(rotated.mac("k1", b"event"), Some(old));
         assert_ne!(rotated.mac("k2", b"event"), Some(old));
         assert_eq!(rotated.mac("k3", b"event"), None);
+        // The live ring MACs like the ring it holds, and follows a replacement.
+        let live = LiveKeyRing::new(first.clone());
+        assert_eq!(live.mac("k1", b"event"), Some(old));
+        assert_eq!(live.mac("k2", b"event"), None);
+        live.set(rotated.clone());
+        assert_eq!(live.active_key_id(), "k2");
+        assert_eq!(live.mac("k2", b"event"), rotated.mac("k2", b"event"));
         // The chain key is not the master key: a MAC under the master key itself differs.
         let master = *first.key_bytes("k1").unwrap();
         assert_ne!(hmac_sha256(&master, b"event"), old);
