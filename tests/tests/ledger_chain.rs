@@ -17,9 +17,9 @@ use toolgate_proto::v1 as pb;
 
 const TOOLS: &[&str] = &["testkit.noop", "testkit.panic"];
 
-/// One succeeded and one failed call of tenant `acme`, and a second admin token (so the
-/// system chain has an event to remove).
-async fn record_calls(gateway: &Gateway) {
+/// One succeeded and one failed call of `tenant`, and another admin token (so the system
+/// chain has an event to remove).
+async fn record_calls(gateway: &Gateway, tenant: &str) {
     gateway
         .admin()
         .await
@@ -33,7 +33,7 @@ async fn record_calls(gateway: &Gateway) {
         ))
         .await
         .expect("a second admin token");
-    let token = gateway.tenant("acme", "support", TOOLS).await;
+    let token = gateway.tenant(tenant, "support", TOOLS).await;
     let run = gateway.open_run(&token, "support", 0).await;
     let mut agent = gateway.agent().await;
     for tool in ["testkit.noop", "testkit.panic"] {
@@ -138,7 +138,17 @@ fn assert_broken(outcome: &Outcome, kind: &str, detail: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampering_with_a_copy_of_the_sqlite_ledger_is_detected() {
     let gateway = Gateway::start();
-    record_calls(&gateway).await;
+    record_calls(&gateway, "acme").await;
+    // After a key rotation new events are MAC'd with the new key; the old ones still verify.
+    let ring = gateway
+        .admin()
+        .await
+        .rotate_key(authed(pb::RotateKeyRequest {}, &gateway.admin_token))
+        .await
+        .expect("rotate the master key")
+        .into_inner();
+    assert_eq!(ring.key_ids.len(), 2, "{ring:?}");
+    record_calls(&gateway, "beta").await;
     let dir = gateway.dir.clone();
     let _temp = gateway.stop();
     let database = dir.join("toolgate.db");
@@ -167,7 +177,7 @@ async fn tampering_with_a_copy_of_the_sqlite_ledger_is_detected() {
         .iter()
         .map(|head| head["chain"].as_str().unwrap())
         .collect();
-    assert_eq!(chains, ["@system", "acme"], "{saved}");
+    assert_eq!(chains, ["@system", "acme", "beta"], "{saved}");
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -200,7 +210,7 @@ async fn tampering_with_a_copy_of_the_sqlite_ledger_is_detected() {
         toolgate(&args)
     };
 
-    // The untouched ledger verifies, every event authenticated.
+    // The untouched ledger verifies, every event authenticated (under both keys).
     let clean = verify(&database, true, true);
     let report = clean.json();
     assert_eq!(clean.code, 0, "{report}");
@@ -465,7 +475,7 @@ fn sha256_hex(input: &[u8]) -> String {
 async fn tampering_with_the_postgres_ledger_is_detected() {
     let schema = PgSchema::new().await;
     let gateway = Gateway::start_pg(&schema);
-    record_calls(&gateway).await;
+    record_calls(&gateway, "acme").await;
     let _temp = gateway.stop();
     let key_file = schema.key_file();
     let work = tempfile::tempdir().unwrap();
