@@ -608,6 +608,11 @@ impl PgSchema {
         &self.name
     }
 
+    /// The master key file the gateways share.
+    pub fn key_file(&self) -> PathBuf {
+        self.keys.path().join("toolgate-keys")
+    }
+
     /// The database URL.
     pub fn url(&self) -> &str {
         &self.url

@@ -593,6 +593,40 @@ pub struct VerifyReport {
     pub chains_checked: u64,
     /// The first problem found, if any.
     pub first_problem: Option<ChainProblem>,
+    /// Events MAC'd under a chain key (written with the master keys loaded).
+    pub keyed_events: u64,
+    /// Keyed events whose MAC was checked against the loaded keys. The others (no keys given,
+    /// or their key is no longer loaded) were checked for their links and order only.
+    pub authenticated_events: u64,
+    /// Events with the legacy unkeyed hash (written before the keyed chain, or by a store
+    /// opened without keys): anyone who could write the database could have recomputed them,
+    /// unless a keyed event follows them in their chain (its MAC covers their last hash).
+    pub legacy_events: u64,
+    /// Legacy events that no keyed event follows: nothing authenticates them.
+    pub unprotected_legacy_events: u64,
+    /// Whether keys were given to check MACs with.
+    pub keys_loaded: bool,
+    /// Key ids that MAC'd events but are not loaded (retired, or another key file).
+    pub missing_keys: Vec<String>,
+    /// Call, decision and pending-invocation rows compared with what the chain bound.
+    pub rows_checked: u64,
+    /// Rows no binding covers because their call was recorded before the keyed chain.
+    pub legacy_rows: u64,
+    /// The last event of every chain checked, for a checkpoint.
+    pub heads: Vec<ChainHead>,
+    /// Chains compared with a checkpoint (0 when none was given).
+    pub checkpoint_chains: u64,
+}
+
+/// Where a chain ends: its last event's position and hash (or MAC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainHead {
+    /// The chain.
+    pub chain: AuditChain,
+    /// The last event's position.
+    pub chain_seq: i64,
+    /// The last event's hash (a MAC for a keyed event).
+    pub hash: String,
 }
 
 /// Where a chain stops being trustworthy.

@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use toolgate_core::{SecretName, TenantId, Timestamp};
 
+use crate::binding::Binding;
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditChain, CredentialKind, CredentialRecord, FinishCall, KeyChange,
@@ -304,6 +305,7 @@ impl AdminEvent {
             tool_call_id: None,
             payload: Value::Object(self.0.payload.clone()).to_string(),
             at: self.0.at,
+            binding: None,
         }
     }
 
@@ -375,6 +377,8 @@ pub(crate) struct PreparedEvent {
     pub(crate) tool_call_id: Option<String>,
     pub(crate) payload: String,
     pub(crate) at: i64,
+    /// The recorded content this event binds into the chain (`binding.rs`), if any.
+    pub(crate) binding: Option<String>,
 }
 
 impl PreparedEvent {
@@ -386,7 +390,52 @@ impl PreparedEvent {
             tool_call_id: event.tool_call_id.map(|id| id.as_str().to_owned()),
             payload: event.payload.to_string(),
             at: event.at.0,
+            binding: None,
         }
+    }
+
+    /// What the chain covers of this event at position `chain_seq`.
+    pub(crate) fn fields(&self, chain_seq: i64) -> crate::chain::EventFields<'_> {
+        crate::chain::EventFields {
+            tenant: &self.tenant,
+            chain_seq,
+            kind: &self.kind,
+            run: self.run.as_deref(),
+            tool_call_id: self.tool_call_id.as_deref(),
+            payload: &self.payload,
+            at: self.at,
+            binding: self.binding.as_deref(),
+        }
+    }
+
+    /// The events of a human decision, the first of its call's carrying the call's new
+    /// status.
+    pub(crate) fn of_resolution(resolution: &ResolvePending) -> Vec<PreparedEvent> {
+        let mut events: Vec<PreparedEvent> = resolution
+            .events
+            .iter()
+            .cloned()
+            .map(PreparedEvent::new)
+            .collect();
+        let call_id = events.iter().find_map(|event| event.tool_call_id.clone());
+        if let Some(call_id) = call_id {
+            Binding::default()
+                .resolution(&call_id, resolution)
+                .attach(&mut events, &call_id);
+        }
+        events
+    }
+
+    /// The events of a new pending invocation, binding it.
+    pub(crate) fn of_pending(
+        pending: &PendingInvocation,
+        events: Vec<NewAuditEvent>,
+    ) -> Vec<PreparedEvent> {
+        let mut events: Vec<PreparedEvent> = events.into_iter().map(PreparedEvent::new).collect();
+        Binding::default()
+            .pending(pending)
+            .attach(&mut events, pending.tool_call_id.as_str());
+        events
     }
 }
 
@@ -433,17 +482,29 @@ impl PreparedCall {
             pending,
             events,
         } = new;
+        let input = call.input_redacted.to_string();
+        let output = call.output_redacted.as_ref().map(ToString::to_string);
+        let decision = decision.map(|decision| {
+            let ids = serde_json::Value::from(decision.policy_ids.clone()).to_string();
+            (decision, ids)
+        });
+        let mut events: Vec<PreparedEvent> = events.into_iter().map(PreparedEvent::new).collect();
+        let mut binding = Binding::default().call(&call, &input, output.as_deref());
+        if let Some((decision, ids)) = &decision {
+            binding = binding.decision(decision, ids);
+        }
+        if let Some(pending) = &pending {
+            binding = binding.pending(pending);
+        }
+        binding.attach(&mut events, call.id.as_str());
         PreparedCall {
-            input: call.input_redacted.to_string(),
-            output: call.output_redacted.as_ref().map(ToString::to_string),
+            input,
+            output,
             call,
             count_against_budget,
-            decision: decision.map(|decision| {
-                let ids = serde_json::Value::from(decision.policy_ids.clone()).to_string();
-                (decision, ids)
-            }),
+            decision,
             pending: pending.map(PreparedPending::new),
-            events: events.into_iter().map(PreparedEvent::new).collect(),
+            events,
         }
     }
 }
@@ -487,12 +548,16 @@ pub(crate) struct PreparedFinish {
 
 impl PreparedFinish {
     pub(crate) fn new(mut finish: FinishCall) -> PreparedFinish {
-        let events = std::mem::take(&mut finish.events)
+        let mut events: Vec<PreparedEvent> = std::mem::take(&mut finish.events)
             .into_iter()
             .map(PreparedEvent::new)
             .collect();
+        let output = finish.output_redacted.as_ref().map(ToString::to_string);
+        Binding::default()
+            .finish(&finish, output.as_deref())
+            .attach(&mut events, finish.id.as_str());
         PreparedFinish {
-            output: finish.output_redacted.as_ref().map(ToString::to_string),
+            output,
             answer: finish.answer.as_ref().map(|answer| answer.sealed.clone()),
             answer_expires_at: finish.answer.as_ref().map(|answer| answer.expires_at.0),
             finish,

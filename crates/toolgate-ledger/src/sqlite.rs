@@ -31,12 +31,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::checkpoint::Checkpoint;
 use sqlx::ConnectOptions;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use tokio::sync::{mpsc, oneshot};
+use toolgate_core::AuditKeys;
 use toolgate_core::{
     AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
 };
@@ -83,6 +85,10 @@ pub struct SqliteStore {
     /// only those can have been interrupted by a crash. Every other `running` call is this
     /// process's own, including one that was waiting for approval at open and approved since.
     interrupted: String,
+    /// The audit chain's keys: new events are MAC'd with them and verification checks them.
+    keys: Option<Arc<dyn AuditKeys>>,
+    /// Whether this store's open applied the keyed chain's migration.
+    keyed_upgrade: bool,
 }
 
 /// What the writer has done since the store was opened.
@@ -104,8 +110,47 @@ pub struct WriterStats {
 impl SqliteStore {
     /// Opens (creating if missing) the ledger at `path`, applies pending migrations and starts
     /// the writer task. Must be called inside a Tokio runtime.
+    ///
+    /// Without keys the audit events it writes carry legacy (unkeyed) hashes, which anyone who
+    /// can write the file can recompute; the gateway opens its ledger with
+    /// [`SqliteStore::open_keyed`].
     pub async fn open(path: &Path) -> Result<SqliteStore, LedgerError> {
-        SqliteStore::open_gated(path, None).await
+        SqliteStore::open_gated(path, None, None).await
+    }
+
+    /// Like [`SqliteStore::open`], with the keys new audit events are MAC'd with (and
+    /// verification checks them against).
+    pub async fn open_keyed(
+        path: &Path,
+        keys: Arc<dyn AuditKeys>,
+    ) -> Result<SqliteStore, LedgerError> {
+        let store = SqliteStore::open_gated(path, None, Some(keys)).await?;
+        // On a ledger written without keys (before the keyed chain), the first keyed event
+        // records where every chain's legacy events end. Only the open that migrates the
+        // ledger to the keyed chain writes it: later, a ledger holding legacy events only was
+        // rewritten, and must not be vouched for. Replicas starting together may both write
+        // one; verification uses the first.
+        if !store.keyed_upgrade {
+            return Ok(store);
+        }
+        let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
+            .fetch_one(&store.read)
+            .await
+            .map_err(read_error)?;
+        if keyed == 0 {
+            let heads: Vec<(String, i64, String)> = sqlx::query_as(crate::chain::ALL_HEADS)
+                .fetch_all(&store.read)
+                .await
+                .map_err(read_error)?;
+            if !heads.is_empty() {
+                let record = crate::chain::legacy_record(heads);
+                store
+                    .submit(OpKind::AppendEvents(vec![record]))
+                    .await?
+                    .done()?;
+            }
+        }
+        Ok(store)
     }
 
     /// A store whose writer waits for `start` before its first batch, so tests can queue
@@ -113,7 +158,7 @@ impl SqliteStore {
     #[cfg(test)]
     async fn open_paused(path: &Path) -> Result<(SqliteStore, oneshot::Sender<()>), LedgerError> {
         let (start, gate) = oneshot::channel();
-        let store = SqliteStore::open_gated(path, Some(gate)).await?;
+        let store = SqliteStore::open_gated(path, Some(gate), None).await?;
         Ok((store, start))
     }
 
@@ -130,6 +175,15 @@ impl SqliteStore {
     /// Writes fail with [`LedgerError::ReadOnly`]. Refused when the file lacks a migration
     /// this version needs (the owner migrates it when it starts).
     pub async fn open_read_only(path: &Path) -> Result<SqliteStore, LedgerError> {
+        SqliteStore::open_read_only_with(path, None).await
+    }
+
+    /// Like [`SqliteStore::open_read_only`], with the keys verification checks event MACs
+    /// against (`None`: verification says what it could not check).
+    pub async fn open_read_only_with(
+        path: &Path,
+        keys: Option<Arc<dyn AuditKeys>>,
+    ) -> Result<SqliteStore, LedgerError> {
         let display = path.display();
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -167,12 +221,15 @@ impl SqliteStore {
             read,
             counters: Arc::default(),
             interrupted: "[]".to_owned(),
+            keys,
+            keyed_upgrade: false,
         })
     }
 
     async fn open_gated(
         path: &Path,
         gate: Option<oneshot::Receiver<()>>,
+        keys: Option<Arc<dyn AuditKeys>>,
     ) -> Result<SqliteStore, LedgerError> {
         // First of all: nothing may read `running` calls as interrupted, or write, while
         // another process owns the file.
@@ -204,6 +261,13 @@ impl SqliteStore {
         let mut conn = write_options.connect().await.map_err(|error| {
             LedgerError::Database(format!("could not open ledger {display}: {error}"))
         })?;
+        // Whether this open brings the keyed chain to the ledger (see `open_keyed`).
+        let keyed_before: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM _sqlx_migrations WHERE version = 10 AND success",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or(0);
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
@@ -225,12 +289,14 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         // The lock lives as long as the writer: a store dropped without `close` keeps the file
         // until its queued writes are committed.
-        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters), lock).run(gate));
+        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters), lock, keys.clone()).run(gate));
         Ok(SqliteStore {
             writer: Some(tx),
             read,
             counters,
             interrupted,
+            keys,
+            keyed_upgrade: keyed_before == 0,
         })
     }
 
@@ -654,12 +720,7 @@ impl Store for SqliteStore {
     }
 
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
-        let events = resolution
-            .events
-            .iter()
-            .cloned()
-            .map(PreparedEvent::new)
-            .collect();
+        let events = PreparedEvent::of_resolution(&resolution);
         self.submit(OpKind::ResolvePending(Box::new((resolution, events))))
             .await?
             .finished()
@@ -670,7 +731,7 @@ impl Store for SqliteStore {
         pending: PendingInvocation,
         events: Vec<NewAuditEvent>,
     ) -> Result<(), LedgerError> {
-        let events = events.into_iter().map(PreparedEvent::new).collect();
+        let events = PreparedEvent::of_pending(&pending, events);
         self.submit(OpKind::AddPending(Box::new((
             PreparedPending::new(pending),
             events,
@@ -953,9 +1014,20 @@ impl Store for SqliteStore {
         rows.iter().map(event_from_row).collect()
     }
 
-    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+    fn audit_keys(&self) -> Option<Arc<dyn AuditKeys>> {
+        self.keys.clone()
+    }
+
+    async fn verify_against(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, LedgerError> {
         let mut conn = self.read.acquire().await.map_err(read_error)?;
-        crate::verify::verify_chains(&mut *conn).await
+        let with = crate::verify::VerifyWith {
+            keys: self.keys.as_deref(),
+            checkpoint,
+        };
+        crate::verify::verify_chains(&mut *conn, with).await
     }
 
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {

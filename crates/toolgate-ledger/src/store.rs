@@ -5,6 +5,9 @@ use toolgate_core::{
     AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
 };
 
+use std::sync::Arc;
+
+use crate::checkpoint::Checkpoint;
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
@@ -301,9 +304,23 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, LedgerError>;
-    /// Checks every chain (each tenant's and the system chain) and reports the first event
-    /// edited, deleted or reordered.
-    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError>;
+    /// Checks every chain (each tenant's and the system chain) and the rows its events bind,
+    /// and reports the first event or row edited, deleted or reordered. MACs are checked with
+    /// the keys the store was opened with; the report says what could not be checked.
+    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+        self.verify_against(None).await
+    }
+
+    /// [`Store::verify_chains`], also comparing every chain with a checkpoint taken earlier
+    /// (truncation and rewinding show there). The checkpoint's own MAC is the caller's to
+    /// check ([`Checkpoint::authenticate`]).
+    async fn verify_against(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, LedgerError>;
+
+    /// The keys the store MACs and verifies events with, if it was opened with any.
+    fn audit_keys(&self) -> Option<Arc<dyn toolgate_core::AuditKeys>>;
 
     /// Tools some grant names, for checking grants against the registry.
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError>;

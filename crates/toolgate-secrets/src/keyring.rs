@@ -140,6 +140,14 @@ impl KeyRing {
         self.keys.keys()
     }
 
+    /// The raw bytes of master key `id`, for deriving keys of other uses from it.
+    pub(crate) fn key_bytes(&self, id: &str) -> Option<&[u8; 32]> {
+        self.keys
+            .iter()
+            .find(|(key_id, _)| key_id.as_str() == id)
+            .map(|(_, key)| &**key)
+    }
+
     /// Whether the ring holds `id`.
     pub fn contains(&self, id: &KeyId) -> bool {
         self.keys.contains_key(id)

@@ -12,8 +12,8 @@ use toolgate_ledger::{
     Actor, CredentialKind, CredentialRecord, KeyChange, LedgerError, LedgerErrorKind, Store,
 };
 use toolgate_secrets::{
-    CredentialRepository, KeyId, KeyRing, Reference, SecretsError, StoredCredential, StoredKind,
-    Vault,
+    CredentialRepository, KeyId, KeyRing, LiveKeyRing, Reference, SecretsError, StoredCredential,
+    StoredKind, Vault,
 };
 
 use crate::server::write_private_file;
@@ -32,9 +32,24 @@ enum KeySource {
 pub(crate) struct KeyManager {
     source: KeySource,
     vault: Arc<Vault>,
+    /// The ring the ledger MACs audit events with; replaced together with the vault's.
+    chain_keys: Arc<LiveKeyRing>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     lock: Mutex<()>,
+}
+
+/// Reads the key ring for a command that must not create one (`ledger verify`, `ledger
+/// checkpoint`): `TOOLGATE_MASTER_KEYS` when set, else the key file; `None` when neither
+/// exists.
+pub(crate) fn read_key_ring(
+    key_file: &Path,
+    inline: Option<&str>,
+) -> anyhow::Result<Option<KeyRing>> {
+    if inline.is_none() && !key_file.exists() {
+        return Ok(None);
+    }
+    load_key_ring(key_file, inline).map(|(ring, _)| Some(ring))
 }
 
 /// Loads the key ring: `TOOLGATE_MASTER_KEYS` when set, else the key file, created with one
@@ -97,6 +112,7 @@ impl KeyManager {
         key_file: &Path,
         from_environment: bool,
         vault: Arc<Vault>,
+        chain_keys: Arc<LiveKeyRing>,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
     ) -> KeyManager {
@@ -108,6 +124,7 @@ impl KeyManager {
         KeyManager {
             source,
             vault,
+            chain_keys,
             store,
             clock,
             lock: Mutex::new(()),
@@ -184,6 +201,7 @@ impl KeyManager {
             previous: ring.active().to_string(),
         };
         self.record(path, &original, change, actor).await?;
+        self.chain_keys.set(rotated.clone());
         self.vault.set_key_ring(rotated);
         Ok(self.vault.key_ring())
     }
@@ -311,6 +329,7 @@ impl KeyManager {
             key_id: id.to_owned(),
         };
         self.record(path, &text, change, actor).await?;
+        self.chain_keys.set(retired.clone());
         self.vault.set_key_ring(retired);
         Ok(self.vault.key_ring())
     }

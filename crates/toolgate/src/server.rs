@@ -142,10 +142,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = build_registry(&config.disabled_connectors, &config.slack, &config.shopify)?;
     let catalog = Arc::new(Catalog::new(registry)?);
-    // Files holding secrets are checked before anything is opened or written.
+    // Files holding secrets are checked before anything is opened or written; then the keys,
+    // since the ledger MACs its audit events with chain keys derived from them.
     refuse_shared_file(&config.admin_token_file, "admin token file")?;
-    let store = config.database.open().await?;
-    bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
     let (ring, created) = keys::load_key_ring(&config.key_file, config.master_keys.as_deref())?;
     if created {
         announce(&format!(
@@ -153,6 +152,12 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             config.key_file.display()
         ));
     }
+    let chain_keys = Arc::new(toolgate_secrets::LiveKeyRing::new(ring.clone()));
+    let store = config
+        .database
+        .open(Arc::clone(&chain_keys) as Arc<dyn toolgate_core::AuditKeys>)
+        .await?;
+    bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
     keys::check_keys_present(&store, &ring).await?;
     let vault = Arc::new(Vault::new(
         Arc::new(keys::LedgerCredentials(Arc::clone(&store))),
@@ -173,6 +178,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         &config.key_file,
         config.master_keys.is_some(),
         vault,
+        chain_keys,
         Arc::clone(&store),
         Arc::clone(&clock),
     ));

@@ -1032,12 +1032,8 @@ on_both_backends! {
         let db = two_chains(backend).await;
         let report = db.store().verify_chains().await.unwrap();
         assert_eq!(
-            report,
-            VerifyReport {
-                events_checked: 11,
-                chains_checked: 2,
-                first_problem: None,
-            }
+            (report.events_checked, report.chains_checked, report.first_problem.clone()),
+            (11, 2, None)
         );
         let events = events_of(db.store(), "acme").await;
         assert_eq!(
