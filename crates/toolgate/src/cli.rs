@@ -699,7 +699,11 @@ fn call_exit_code(status: &str) -> u8 {
 
 /// Runs `toolgate tools`.
 pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
-    let registry = crate::server::build_registry(&[], &crate::config::SlackSettings::default())?;
+    let registry = crate::server::build_registry(
+        &[],
+        &crate::config::SlackSettings::default(),
+        &crate::config::AwsSettings::default(),
+    )?;
     let catalog = Catalog::new(registry)?;
     let definitions: Vec<Value> = catalog
         .registry()

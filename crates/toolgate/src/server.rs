@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
-use crate::config::{Config, SlackSettings};
+use crate::config::{AwsSettings, Config, SlackSettings};
 use crate::drain::{Drain, Draining};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
@@ -29,9 +29,11 @@ const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
 /// The connectors compiled into this build, in registration order.
 pub(crate) fn compiled_connectors(
     slack: &SlackSettings,
+    aws: &AwsSettings,
 ) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
     let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
     add_slack(&mut connectors, slack)?;
+    add_aws(&mut connectors, aws)?;
     add_testkit(&mut connectors);
     Ok(connectors)
 }
@@ -68,6 +70,33 @@ fn add_slack(
     Ok(())
 }
 
+#[cfg(feature = "aws")]
+fn add_aws(connectors: &mut Vec<Arc<dyn Connector>>, settings: &AwsSettings) -> anyhow::Result<()> {
+    let defaults = toolgate_aws::AwsConfig::default();
+    let config = toolgate_aws::AwsConfig {
+        endpoint_url: settings.endpoint_url.clone(),
+        default_region: settings
+            .default_region
+            .clone()
+            .unwrap_or(defaults.default_region.clone()),
+        max_concurrency: settings.max_concurrency.unwrap_or(defaults.max_concurrency),
+        max_attempts: settings.max_attempts.unwrap_or(defaults.max_attempts),
+        page_size: settings.page_size.unwrap_or(defaults.page_size),
+    };
+    let connector =
+        toolgate_aws::AwsConnector::new(config).context("connectors.aws in the configuration")?;
+    connectors.push(Arc::new(connector));
+    Ok(())
+}
+
+#[cfg(not(feature = "aws"))]
+fn add_aws(
+    _connectors: &mut Vec<Arc<dyn Connector>>,
+    _settings: &AwsSettings,
+) -> anyhow::Result<()> {
+    Ok(())
+}
+
 #[cfg(feature = "testkit")]
 fn add_testkit(connectors: &mut Vec<Arc<dyn Connector>>) {
     connectors.push(Arc::new(toolgate_engine::testkit::TestkitConnector));
@@ -80,8 +109,9 @@ fn add_testkit(_connectors: &mut Vec<Arc<dyn Connector>>) {}
 pub(crate) fn build_registry(
     disabled: &[String],
     slack: &SlackSettings,
+    aws: &AwsSettings,
 ) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors(slack)?;
+    let connectors = compiled_connectors(slack, aws)?;
     for family in disabled {
         if !connectors.iter().any(|c| c.family() == family) {
             let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
@@ -109,7 +139,7 @@ pub(crate) fn build_registry(
 pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = build_registry(&config.disabled_connectors, &config.slack)?;
+    let registry = build_registry(&config.disabled_connectors, &config.slack, &config.aws)?;
     let catalog = Arc::new(Catalog::new(registry)?);
     let store = config.database.open().await?;
     bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
