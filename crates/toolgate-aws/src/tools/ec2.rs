@@ -647,7 +647,8 @@ mod tests {
 
     #[test]
     fn open_ingress_is_found_with_ports_and_severity() {
-        let cases: Vec<(IpPermission, Vec<(&str, &str, &str, &str)>)> = vec![
+        type Open<'a> = Vec<(&'a str, &'a str, &'a str, &'a str)>;
+        let cases: Vec<(IpPermission, Open<'_>)> = vec![
             (
                 permission("tcp", Some(22), Some(22), &["0.0.0.0/0"], &[]),
                 vec![("0.0.0.0/0", "tcp", "22", "high")],

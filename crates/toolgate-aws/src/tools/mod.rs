@@ -156,11 +156,14 @@ where
         .collect()
 }
 
+/// The regions that answered, with their answers, and the `region_errors` of the others.
+pub(crate) type Settled<T> = (Vec<(String, T)>, Vec<Value>);
+
 /// Splits per-region results into successes and `region_errors`. When every region failed,
 /// the call fails with the first region's error (its message naming the region).
 pub(crate) fn settle<T>(
     results: Vec<(String, Result<T, ToolError>)>,
-) -> Result<(Vec<(String, T)>, Vec<Value>), ToolError> {
+) -> Result<Settled<T>, ToolError> {
     let mut ok = Vec::new();
     let mut errors = Vec::new();
     let mut first_error: Option<ToolError> = None;
