@@ -190,6 +190,8 @@ const ENV_OTHER: &[&str] = &[
     "TOOLGATE_MASTER_KEYS",
     // The PostgreSQL server of the test suite; gateways the tests start inherit it.
     "TOOLGATE_TEST_PG_URL",
+    // The AWS emulator of the test suite (`moto_server`); gateways the tests start inherit it.
+    "TOOLGATE_TEST_MOTO_SERVER",
 ];
 
 impl Config {
