@@ -17,8 +17,8 @@
 //!   (the operator's `[connectors.aws]`) only, never from a tenant's secret.
 //! - **Errors** (`errors.rs`): stable codes with sanitized, actionable messages.
 //!
-//! The AWS SDK is used in this crate only. The `testkit` feature adds [`testkit`]: moto on
-//! loopback, and fakes of the two services moto does not serve.
+//! The AWS SDK is used in this crate only. The `testkit` feature adds the `testkit` module:
+//! moto on loopback, and fakes of the two services moto does not serve.
 
 mod config;
 mod connector;
