@@ -705,6 +705,7 @@ pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
         &[],
         &crate::config::SlackSettings::default(),
         &crate::config::ShopifySettings::default(),
+        &crate::config::AwsSettings::default(),
     )?;
     let catalog = Catalog::new(registry)?;
     let definitions: Vec<Value> = catalog

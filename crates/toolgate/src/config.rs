@@ -38,6 +38,26 @@ pub(crate) struct Config {
     pub(crate) slack: SlackSettings,
     /// The Shopify connector's settings (`[connectors.shopify]`).
     pub(crate) shopify: ShopifySettings,
+    /// The AWS connector's settings (`[connectors.aws]`).
+    pub(crate) aws: AwsSettings,
+}
+
+/// `[connectors.aws]`: the AWS connector's endpoint override, default region and limits. Kept
+/// here, independent of the connector crate, so the table parses the same in builds without the
+/// `aws` feature; the connector validates the values when it is built, before any port is bound.
+/// The endpoint override exists only here: a tenant's secret can never set it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AwsSettings {
+    /// One endpoint for every AWS service (an emulator, a private gateway); `None`: AWS itself.
+    pub(crate) endpoint_url: Option<String>,
+    /// The region for tenants whose secret names none; `None`: us-east-1.
+    pub(crate) default_region: Option<String>,
+    /// AWS requests one call runs at once; `None`: 4.
+    pub(crate) max_concurrency: Option<usize>,
+    /// Attempts per AWS request; `None`: 3.
+    pub(crate) max_attempts: Option<u32>,
+    /// Items asked for per AWS page; `None`: 100.
+    pub(crate) page_size: Option<u32>,
 }
 
 /// `[connectors.shopify]`: which Admin API version the Shopify connector pins and which hosts
@@ -127,6 +147,17 @@ struct RawConnectors {
     slack: RawSlack,
     #[serde(default)]
     shopify: RawShopify,
+    aws: RawAws,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAws {
+    endpoint_url: Option<String>,
+    default_region: Option<String>,
+    max_concurrency: Option<usize>,
+    max_attempts: Option<u32>,
+    page_size: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -181,6 +212,8 @@ const ENV_OTHER: &[&str] = &[
     "TOOLGATE_MASTER_KEYS",
     // The PostgreSQL server of the test suite; gateways the tests start inherit it.
     "TOOLGATE_TEST_PG_URL",
+    // The AWS emulator of the test suite (`moto_server`); gateways the tests start inherit it.
+    "TOOLGATE_TEST_MOTO_SERVER",
 ];
 
 impl Config {
@@ -369,6 +402,13 @@ impl Config {
                 ));
             }
         }
+        let aws = AwsSettings {
+            endpoint_url: raw.connectors.aws.endpoint_url,
+            default_region: raw.connectors.aws.default_region,
+            max_concurrency: raw.connectors.aws.max_concurrency,
+            max_attempts: raw.connectors.aws.max_attempts,
+            page_size: raw.connectors.aws.page_size,
+        };
         Ok(Config {
             listen,
             drain_timeout: Duration::from_millis(drain_timeout_ms),
@@ -388,6 +428,7 @@ impl Config {
             engine,
             slack,
             shopify,
+            aws,
         })
     }
 }
@@ -688,6 +729,28 @@ mod tests {
         let err = load("", &[("TOOLGATE_FROBNICATE", "1")]).unwrap_err();
         assert!(!err.contains("did you mean"), "{err}");
         assert!(err.contains("TOOLGATE_FROBNICATE"), "{err}");
+    }
+
+    #[test]
+    fn aws_settings_are_read_and_a_tenant_key_is_refused() {
+        let config = load(
+            "[connectors.aws]\nendpoint_url = \"http://127.0.0.1:5000\"\ndefault_region = \"eu-west-1\"\nmax_concurrency = 2\nmax_attempts = 1\npage_size = 5",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.aws,
+            AwsSettings {
+                endpoint_url: Some("http://127.0.0.1:5000".into()),
+                default_region: Some("eu-west-1".into()),
+                max_concurrency: Some(2),
+                max_attempts: Some(1),
+                page_size: Some(5),
+            }
+        );
+        assert_eq!(load("", &[]).unwrap().aws, AwsSettings::default());
+        let err = load("[connectors.aws]\nendpoint = \"http://x\"", &[]).unwrap_err();
+        assert!(err.contains("endpoint"), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
-use crate::config::{Config, ShopifySettings, SlackSettings};
+use crate::config::{AwsSettings, Config, ShopifySettings, SlackSettings};
 use crate::drain::{Drain, Draining};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
@@ -30,10 +30,12 @@ const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
 pub(crate) fn compiled_connectors(
     slack: &SlackSettings,
     shopify: &ShopifySettings,
+    aws: &AwsSettings,
 ) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
     let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
     add_slack(&mut connectors, slack)?;
     add_shopify(&mut connectors, shopify)?;
+    add_aws(&mut connectors, aws)?;
     add_testkit(&mut connectors);
     Ok(connectors)
 }
@@ -90,10 +92,37 @@ fn add_shopify(
     Ok(())
 }
 
+#[cfg(feature = "aws")]
+fn add_aws(connectors: &mut Vec<Arc<dyn Connector>>, settings: &AwsSettings) -> anyhow::Result<()> {
+    let defaults = toolgate_aws::AwsConfig::default();
+    let config = toolgate_aws::AwsConfig {
+        endpoint_url: settings.endpoint_url.clone(),
+        default_region: settings
+            .default_region
+            .clone()
+            .unwrap_or(defaults.default_region.clone()),
+        max_concurrency: settings.max_concurrency.unwrap_or(defaults.max_concurrency),
+        max_attempts: settings.max_attempts.unwrap_or(defaults.max_attempts),
+        page_size: settings.page_size.unwrap_or(defaults.page_size),
+    };
+    let connector =
+        toolgate_aws::AwsConnector::new(config).context("connectors.aws in the configuration")?;
+    connectors.push(Arc::new(connector));
+    Ok(())
+}
+
 #[cfg(not(feature = "shopify"))]
 fn add_shopify(
     _connectors: &mut Vec<Arc<dyn Connector>>,
     _settings: &ShopifySettings,
+) -> anyhow::Result<()> {
+    Ok(())
+}
+
+#[cfg(not(feature = "aws"))]
+fn add_aws(
+    _connectors: &mut Vec<Arc<dyn Connector>>,
+    _settings: &AwsSettings,
 ) -> anyhow::Result<()> {
     Ok(())
 }
@@ -111,8 +140,9 @@ pub(crate) fn build_registry(
     disabled: &[String],
     slack: &SlackSettings,
     shopify: &ShopifySettings,
+    aws: &AwsSettings,
 ) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors(slack, shopify)?;
+    let connectors = compiled_connectors(slack, shopify, aws)?;
     for family in disabled {
         if !connectors.iter().any(|c| c.family() == family) {
             let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
@@ -140,7 +170,12 @@ pub(crate) fn build_registry(
 pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = build_registry(&config.disabled_connectors, &config.slack, &config.shopify)?;
+    let registry = build_registry(
+        &config.disabled_connectors,
+        &config.slack,
+        &config.shopify,
+        &config.aws,
+    )?;
     let catalog = Arc::new(Catalog::new(registry)?);
     // Files holding secrets are checked before anything is opened or written; then the keys,
     // since the ledger MACs its audit events with chain keys derived from them.
