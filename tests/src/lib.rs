@@ -587,6 +587,15 @@ impl PgSchema {
             format!("{TEST_MASTER_KEY}\n"),
         )
         .expect("write the shared key file");
+        {
+            // The gateway refuses a key file others can read.
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(
+                keys.path().join("toolgate-keys"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .expect("make the shared key file private");
+        }
         PgSchema {
             url,
             name: unique_schema_name(),
@@ -597,6 +606,11 @@ impl PgSchema {
     /// The schema's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The master key file the gateways share.
+    pub fn key_file(&self) -> PathBuf {
+        self.keys.path().join("toolgate-keys")
     }
 
     /// The database URL.

@@ -116,3 +116,27 @@ fn library_crates_never_see_wire_types() {
         }
     }
 }
+
+#[test]
+fn the_aws_sdk_stays_in_the_aws_connector() {
+    let crates = normal_dependencies();
+    assert!(
+        crates["toolgate-aws"].iter().any(|d| d == "aws-sdk-ec2"),
+        "{:?}",
+        crates["toolgate-aws"]
+    );
+    for (krate, deps) in &crates {
+        for dep in deps {
+            if dep.starts_with("aws-") {
+                assert_eq!(krate, "toolgate-aws", "{krate} depends on {dep}");
+            }
+        }
+    }
+    // A connector depends on core only among our crates (never another connector, the
+    // ledger, the engine or the server).
+    let ours: Vec<&String> = crates["toolgate-aws"]
+        .iter()
+        .filter(|d| d.starts_with("toolgate"))
+        .collect();
+    assert_eq!(ours, ["toolgate-core"]);
+}

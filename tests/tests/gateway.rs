@@ -485,6 +485,9 @@ async fn ledger_verify_finds_a_tampered_audit_row() {
         Command::new(gateway_binary())
             .args(["ledger", "verify", "--database"])
             .arg(&database)
+            // With the gateway's master keys, so the events' MACs are checked.
+            .arg("--key-file")
+            .arg(dir.join("toolgate-keys"))
             .env("TOOLGATE_LOG", "warn")
             .output()
             .expect("run toolgate ledger verify")
@@ -492,8 +495,9 @@ async fn ledger_verify_finds_a_tampered_audit_row() {
     let clean = verify();
     assert!(
         clean.status.success(),
-        "{}",
-        String::from_utf8_lossy(&clean.stdout)
+        "{}{}",
+        String::from_utf8_lossy(&clean.stdout),
+        String::from_utf8_lossy(&clean.stderr)
     );
 
     // An attacker with write access to the file: drop the append-only guard, edit one event.

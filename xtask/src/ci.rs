@@ -1,6 +1,7 @@
 //! `cargo xtask ci`: the whole test suite, in the order a reviewer would want failures
-//! reported (cheap checks first). It installs what it needs (the Python contract-test
-//! environment) under `target/`, so a fresh clone needs nothing but Rust and Python 3, and
+//! reported (cheap checks first). It installs what it needs (the Python environment: the
+//! contract tests' grpcio client and the AWS emulator moto) under `target/`, so a fresh clone
+//! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
 //! either it fails.
 
@@ -51,19 +52,24 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     }
 
     // The end-to-end tests drive the real binary built with the test connectors. Building the
-    // workspace with all features keeps one feature set for build and test, so nothing is
-    // compiled twice.
-    step("cargo build (all features)");
+    // workspace with all features and all targets keeps one feature set for build and test
+    // (dev-dependencies such as tokio's test-util and wiremock unify in both), so nothing is
+    // compiled twice: the AWS SDK alone takes minutes.
+    step("cargo build (all features, all targets)");
     cargo(
         &root,
         &[
             "build",
             "--workspace",
             "--all-features",
-            "--bins",
+            "--all-targets",
             "--locked",
         ],
     )?;
+
+    step("Python environment (grpcio client, moto)");
+    let venv = python_env(&root)?;
+    let moto_server = venv.join("bin/moto_server");
 
     step("PostgreSQL for the tests");
     let postgres = pg::provide(&root)?;
@@ -74,13 +80,13 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     );
 
     step("cargo test (all features)");
-    let tested = cargo_test(&root, postgres.url_for_tests());
+    let tested = cargo_test(&root, postgres.url_for_tests(), &moto_server);
     // Stops a server CI started, before anything else can fail.
     drop(postgres);
     totals.add(tested?);
 
     step("python contract tests (grpcio client)");
-    totals.add(python_tests(&root)?);
+    totals.add(python_tests(&root, &venv)?);
 
     println!();
     println!("{postgres_summary}");
@@ -132,9 +138,13 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The variable the AWS connector's tests read to find `moto_server`.
+const MOTO_ENV: &str = "TOOLGATE_TEST_MOTO_SERVER";
+
 /// Runs `cargo test`, echoing its output and adding up its `test result:` lines. `pg_url`
-/// is given to the tests as `TOOLGATE_TEST_PG_URL` (`None`: they use their default).
-fn cargo_test(root: &Path, pg_url: Option<&str>) -> anyhow::Result<Totals> {
+/// is given to the tests as `TOOLGATE_TEST_PG_URL` (`None`: they use their default), and
+/// `moto_server` as `TOOLGATE_TEST_MOTO_SERVER`.
+fn cargo_test(root: &Path, pg_url: Option<&str>, moto_server: &Path) -> anyhow::Result<Totals> {
     let mut command = Command::new(cargo_bin());
     command
         // Every package's tests run even after one fails, so one failure hides nothing.
@@ -150,6 +160,10 @@ fn cargo_test(root: &Path, pg_url: Option<&str>) -> anyhow::Result<Totals> {
     if let Some(url) = pg_url {
         command.env(pg::URL_ENV, url);
     }
+    command.env(MOTO_ENV, moto_server);
+    // The AWS tests use static credentials; nothing may fall back to the instance metadata
+    // service.
+    command.env("AWS_EC2_METADATA_DISABLED", "true");
     let mut child = command.spawn().context("cannot run cargo test")?;
     let stdout = child.stdout.take().context("piped stdout")?;
     let mut totals = Totals::default();
@@ -184,12 +198,11 @@ fn count_before(text: &str, label: &str) -> u64 {
     digits.parse().unwrap_or(0)
 }
 
-/// Creates `target/py/venv` with the pinned requirements, generates stubs from `proto/` and
-/// runs the Python contract tests against the testkit gateway binary.
-fn python_tests(root: &Path) -> anyhow::Result<Totals> {
+/// Creates (or reuses) `target/py/venv` with the pinned requirements: the contract tests'
+/// grpcio client and pytest, and moto for the AWS connector's tests. Answers the venv.
+fn python_env(root: &Path) -> anyhow::Result<PathBuf> {
     let python = which_python()?;
-    let py_dir = root.join("target/py");
-    let venv = py_dir.join("venv");
+    let venv = root.join("target/py/venv");
     let venv_python = venv.join("bin/python");
     let requirements = root.join("tests/python/requirements.txt");
     let stamp = venv.join(".requirements");
@@ -219,6 +232,20 @@ fn python_tests(root: &Path) -> anyhow::Result<Totals> {
         )?;
         std::fs::write(&stamp, &wanted)?;
     }
+    if !venv.join("bin/moto_server").exists() {
+        bail!(
+            "{} has no moto_server although moto is in tests/python/requirements.txt; delete the venv and run again",
+            venv.display()
+        );
+    }
+    Ok(venv)
+}
+
+/// Generates stubs from `proto/` and runs the Python contract tests against the testkit
+/// gateway binary, in the environment [`python_env`] made.
+fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
+    let py_dir = root.join("target/py");
+    let venv_python = venv.join("bin/python");
     let stubs = py_dir.join("stubs");
     std::fs::create_dir_all(&stubs)?;
     run_command(

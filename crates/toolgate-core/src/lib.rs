@@ -1,6 +1,7 @@
 //! Domain types shared by every toolgate crate: ids, tool specs, the connector interface,
 //! stable error codes, the tool registry and the redactor. This crate does no I/O.
 
+mod audit_key;
 mod clock;
 mod connector;
 mod decision;
@@ -11,6 +12,7 @@ mod registry;
 mod seal;
 mod spec;
 
+pub use audit_key::AuditKeys;
 #[cfg(feature = "testkit")]
 pub use clock::ManualClock;
 pub use clock::{Clock, SystemClock, Timestamp};

@@ -130,9 +130,28 @@ impl Redactor {
                 end -= last.len_utf8();
             }
         }
-        let kept = self.redact_text(&redacted[..end]);
-        format!("{kept}[{} bytes omitted]", redacted.len() - end)
+        // Redacting the cut text again can lengthen it (a marker longer than what it
+        // replaces): drop whole words from its end until it fits. Each round shortens the
+        // text, so this ends, at worst with nothing kept.
+        loop {
+            let kept = self.redact_text(&redacted[..end]);
+            if end == 0 || kept.chars().count() <= max_chars {
+                return format!("{kept}[{} bytes omitted]", redacted.len() - end);
+            }
+            end = without_last_word(&redacted[..end]);
+        }
     }
+}
+
+/// The length of `text` without its last word and whatever follows that word (at least one
+/// character shorter, for a non-empty text).
+fn without_last_word(text: &str) -> usize {
+    let trimmed = text.trim_end_matches(|c: char| !in_word(c));
+    let without = trimmed.trim_end_matches(in_word);
+    if without.len() == text.len() {
+        return text.len() - text.chars().next_back().map_or(0, char::len_utf8);
+    }
+    without.len()
 }
 
 /// Whether the JSON around a value talks about AWS (a key naming it, or an access key id in a

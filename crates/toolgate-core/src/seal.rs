@@ -14,6 +14,9 @@ pub trait Sealer: Send + Sync + std::fmt::Debug {
         context: &[&str],
         sealed: &str,
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, SealError>;
+    /// The id of the key that sealed `sealed`, read from the text (nothing is opened);
+    /// `None` when it is not a sealed value of this sealer's format.
+    fn key_id_of(&self, sealed: &str) -> Option<String>;
 }
 
 /// Why a sealed value did not open.

@@ -12,8 +12,9 @@ use toolgate_core::{
     ToolCallStatus, ToolError, ToolName, ToolSpec, ToolUseId,
 };
 use toolgate_ledger::{
-    Actor, FinishCall, NewAuditEvent, NewCall, PendingInvocation, PendingOrigin, PendingState,
-    PolicyDecisionRecord, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED, ToolCallRecord,
+    Actor, FinishCall, NewAuditEvent, NewCall, PendingArguments, PendingInvocation, PendingOrigin,
+    PendingState, PolicyDecisionRecord, RunRecord, RunStatus, Store, TOOL_CALLING_ENABLED,
+    ToolCallRecord,
 };
 use toolgate_policy::{CompiledPolicy, PolicyDecision, PolicyRequest};
 use tracing::{debug, warn};
@@ -184,7 +185,11 @@ impl Engine {
             return Err(EngineError::NotFound(format!("agent `{agent}`")));
         }
         let run_id = match run {
-            Some(id) => RunId::new(id).map_err(|e| EngineError::InvalidRequest(e.to_string()))?,
+            Some(id) => {
+                self.refuse_secret_id("run_id", &id)
+                    .map_err(EngineError::InvalidRequest)?;
+                RunId::new(id).map_err(|e| EngineError::InvalidRequest(e.to_string()))?
+            }
             None => RunId::new(format!("run_{}", uuid::Uuid::now_v7().simple()))
                 .map_err(|e| EngineError::InvalidRequest(e.to_string()))?,
         };
@@ -505,10 +510,13 @@ impl Engine {
             Err(other) => return Err(other),
         };
 
-        let parsed_name = parse_llm_tool_name(&request.tool);
+        // A name the redactor would change is no tool's name (it may be a credential pasted
+        // in the wrong place): it is recorded redacted, and the call refused as not allowed.
+        let parsed_name = parse_llm_tool_name(&request.tool)
+            .filter(|name| self.redactor.redact_text(name.as_str()) == name.as_str());
         let recorded_name = match &parsed_name {
             Some(name) => name.to_string(),
-            None => request.tool.chars().take(MAX_RECORDED_NAME).collect(),
+            None => self.recorded_text(&request.tool, MAX_RECORDED_NAME),
         };
         let arguments = self.parse_arguments(&request.arguments_json);
         let (args_hash, input_redacted) = match &arguments {
@@ -923,6 +931,9 @@ impl Engine {
     // --- pipeline helpers --------------------------------------------------------------------
 
     fn parse_ids(&self, request: &ExecuteRequest) -> Result<ParsedIds, String> {
+        self.refuse_secret_id("run_id", &request.run)?;
+        self.refuse_secret_id("tool_use_id", &request.tool_use_id)?;
+        self.refuse_secret_id("correlation_id", &request.correlation_id)?;
         let run = RunId::new(request.run.clone()).map_err(|e| e.to_string())?;
         let tool_use_id = if request.tool_use_id.is_empty() {
             None
@@ -940,6 +951,30 @@ impl Engine {
             tool_use_id,
             correlation_id,
         })
+    }
+
+    /// Refuses an identifier the redactor would change: ids are stored and logged verbatim
+    /// (they are what calls are found by), so one that holds a credential is refused rather
+    /// than kept, and the message does not repeat it.
+    fn refuse_secret_id(&self, field: &str, value: &str) -> Result<(), String> {
+        if self.redactor.redact_text(value) == value {
+            return Ok(());
+        }
+        Err(format!(
+            "`{field}` looks like it holds a credential or personal data; send an opaque identifier"
+        ))
+    }
+
+    /// What the ledger keeps of free text the caller sent where a name was expected: redacted
+    /// first, then cut to `max` characters (so a cut never leaves part of a secret), with
+    /// control characters replaced.
+    fn recorded_text(&self, text: &str, max: usize) -> String {
+        self.redactor
+            .redact_text(text)
+            .chars()
+            .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+            .take(max)
+            .collect()
     }
 
     fn parse_arguments(&self, text: &str) -> Result<Value, String> {
@@ -1004,6 +1039,13 @@ impl Engine {
     ) -> PendingInvocation {
         let now = self.clock.now();
         let expiry_ms = i64::try_from(self.config.pending_expiry.as_millis()).unwrap_or(i64::MAX);
+        // Approval can never run a policy denial, so its arguments are not kept at all.
+        let arguments = match origin {
+            PendingOrigin::PolicyDenied => PendingArguments::Dropped,
+            PendingOrigin::ApprovalRequired | PendingOrigin::ExecutionFailed => {
+                self.seal_pending_arguments(call, &arguments)
+            }
+        };
         PendingInvocation {
             id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
             tenant: call.tenant.clone(),
@@ -1253,15 +1295,19 @@ impl Engine {
         message: &str,
         at: Timestamp,
     ) -> Result<(), EngineError> {
-        let tool: String = request.tool.chars().take(MAX_RECORDED_NAME).collect();
+        let tool = self.recorded_text(&request.tool, MAX_RECORDED_NAME);
+        // The run is named only when it is a valid id that holds nothing secret.
+        let run = RunId::new(request.run.clone())
+            .ok()
+            .filter(|_| self.refuse_secret_id("run_id", &request.run).is_ok());
         let event = NewAuditEvent {
             tenant: request.tenant.clone(),
             kind: "request.rejected".into(),
-            run: RunId::new(request.run.clone()).ok(),
+            run,
             tool_call_id: None,
             payload: json!({
                 "operation": "execute_tool",
-                "tool": self.redactor.redact_text(&tool),
+                "tool": tool,
                 "reason": self.redactor.redact_text(message),
             }),
             at,

@@ -4,6 +4,7 @@
 //! only a shared database has (replicas).
 
 mod answers;
+mod at_rest;
 mod ledgers;
 mod resume_promises;
 mod settled;

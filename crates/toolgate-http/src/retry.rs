@@ -18,8 +18,12 @@ pub struct RetryPolicy {
     /// The longest single wait, and the longest server-requested wait honoured: a vendor asking
     /// for more makes the call fail at once as throttled. Default 10 s.
     pub cap: Duration,
-    /// The 5xx statuses that are retried (429 always is). Default 500, 502, 503, 504.
+    /// The 5xx statuses that are retried. Default 500, 502, 503, 504.
     pub retry_statuses: Vec<u16>,
+    /// Whether 429 is retried (after `Retry-After` or a backoff). Default true. A connector
+    /// that paces itself from the vendor's own accounting (Shopify's query cost) turns it off
+    /// and decides the wait itself; a 429 then fails at once as throttled, with the response.
+    pub retry_throttled: bool,
     /// Limits retries relative to requests, shared by everything one client sends.
     pub budget: RetryBudget,
 }
@@ -31,6 +35,7 @@ impl Default for RetryPolicy {
             base: Duration::from_millis(100),
             cap: Duration::from_secs(10),
             retry_statuses: vec![500, 502, 503, 504],
+            retry_throttled: true,
             budget: RetryBudget::default(),
         }
     }
@@ -137,7 +142,8 @@ impl RetryPolicy {
             return Decision::GiveUp(GiveUp::NotIdempotent);
         }
         let reason = match input.failure {
-            Failure::Status(429) => RetryReason::Throttled,
+            Failure::Status(429) if self.retry_throttled => RetryReason::Throttled,
+            Failure::Status(429) => return Decision::GiveUp(GiveUp::NotRetryable),
             Failure::Status(code) if self.retry_statuses.contains(&code) => {
                 RetryReason::ServerError(code)
             }
@@ -431,6 +437,22 @@ mod tests {
             };
             assert_eq!(got, expected, "case {i}");
         }
+    }
+
+    #[test]
+    fn throttling_is_left_to_the_caller_when_asked() {
+        let policy = RetryPolicy {
+            retry_throttled: false,
+            ..RetryPolicy::default()
+        };
+        let throttled = input(Failure::Status(429), Hint::Wait(Duration::from_secs(1)));
+        assert_eq!(
+            policy.decide(&throttled),
+            Decision::GiveUp(GiveUp::NotRetryable)
+        );
+        // Server errors are still retried.
+        let server = input(Failure::Status(503), Hint::None);
+        assert!(matches!(policy.decide(&server), Decision::Retry { .. }));
     }
 
     #[test]

@@ -1,5 +1,13 @@
-//! The audit hash chain: how an event's hash is computed from its predecessor's hash and its
-//! own fields.
+//! The audit chain: how an event's hash is computed from its predecessor's hash and its own
+//! fields.
+//!
+//! Two formats. Keyed events (`key_id` set, everything written with the master keys loaded)
+//! carry an HMAC-SHA-256 under the chain key of `key_id` (derived from that master key, see
+//! `toolgate-secrets`) over the encoding below with the `v2` tag, the key id and the event's
+//! binding (the recorded content of the call it reports, see `binding.rs`). Legacy events
+//! (`key_id` NULL: written before the keyed chain, or by a store opened without keys) carry
+//! the unkeyed SHA-256 of the `v1` encoding; anyone who can write the database can recompute
+//! those, so verification reports them as legacy.
 //!
 //! The hash input is an unambiguous encoding: a domain tag, then every field in a fixed order,
 //! text as an 8-byte big-endian length followed by its UTF-8 bytes, integers as 8 big-endian
@@ -8,6 +16,7 @@
 //! its neighbour (e.g. `kind = "a", run = "bc"` versus `kind = "ab", run = "c"`) changes the hash.
 
 use sha2::{Digest, Sha256};
+use toolgate_core::AuditKeys;
 
 /// The `prev_hash` of the first event of every chain: 64 zeros.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -31,23 +40,168 @@ pub fn event_hash(
     put_text(&mut hasher, DOMAIN_TAG);
     put_text(&mut hasher, prev_hash.as_bytes());
     put_text(&mut hasher, tenant.as_bytes());
-    hasher.update(chain_seq.to_be_bytes());
+    Sink::update(&mut hasher, chain_seq.to_be_bytes());
     put_text(&mut hasher, kind.as_bytes());
     put_optional(&mut hasher, run);
     put_optional(&mut hasher, tool_call_id);
     put_text(&mut hasher, payload_json.as_bytes());
-    hasher.update(at_ms.to_be_bytes());
+    Sink::update(&mut hasher, at_ms.to_be_bytes());
     hex::encode(hasher.finalize())
 }
 
-fn put_text(hasher: &mut Sha256, bytes: &[u8]) {
+/// Separates keyed event MACs from every other MAC under the chain key.
+const KEYED_DOMAIN_TAG: &[u8] = b"toolgate.audit_event.v2";
+
+/// The fields of one event that its hash or MAC covers, besides its predecessor's hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EventFields<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) chain_seq: i64,
+    pub(crate) kind: &'a str,
+    pub(crate) run: Option<&'a str>,
+    pub(crate) tool_call_id: Option<&'a str>,
+    pub(crate) payload: &'a str,
+    pub(crate) at: i64,
+    pub(crate) binding: Option<&'a str>,
+}
+
+/// The hex HMAC-SHA-256 of a keyed event under the chain key of `key_id`; `None` when that
+/// key is not loaded.
+pub(crate) fn event_mac(
+    keys: &dyn AuditKeys,
+    key_id: &str,
+    prev_hash: &str,
+    fields: &EventFields<'_>,
+) -> Option<String> {
+    let mut message = Vec::with_capacity(256 + fields.payload.len());
+    put_text(&mut message, KEYED_DOMAIN_TAG);
+    put_text(&mut message, key_id.as_bytes());
+    put_text(&mut message, prev_hash.as_bytes());
+    put_text(&mut message, fields.tenant.as_bytes());
+    message.update(fields.chain_seq.to_be_bytes());
+    put_text(&mut message, fields.kind.as_bytes());
+    put_optional(&mut message, fields.run);
+    put_optional(&mut message, fields.tool_call_id);
+    put_text(&mut message, fields.payload.as_bytes());
+    message.update(fields.at.to_be_bytes());
+    put_optional(&mut message, fields.binding);
+    keys.mac(key_id, &message).map(hex::encode)
+}
+
+/// How a new event is linked: keyed under the active key when the store has keys, else the
+/// legacy hash (and no binding, which the legacy hash would not cover).
+pub(crate) fn new_link(
+    keys: Option<&dyn AuditKeys>,
+    prev_hash: &str,
+    fields: &EventFields<'_>,
+) -> Result<(Option<String>, String), crate::LedgerError> {
+    match keys {
+        None => Ok((
+            None,
+            event_hash(
+                prev_hash,
+                fields.tenant,
+                fields.chain_seq,
+                fields.kind,
+                fields.run,
+                fields.tool_call_id,
+                fields.payload,
+                fields.at,
+            ),
+        )),
+        Some(keys) => {
+            let key_id = keys.active_key_id();
+            match event_mac(keys, &key_id, prev_hash, fields) {
+                Some(mac) => Ok((Some(key_id), mac)),
+                None => Err(crate::LedgerError::Corrupt(format!(
+                    "the active master key `{key_id}` has no chain key"
+                ))),
+            }
+        }
+    }
+}
+
+/// Whether any event is keyed (1) or none (0).
+pub(crate) const ANY_KEYED: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM audit_events WHERE key_id IS NOT NULL LIMIT 1) AS k";
+
+/// Every chain's head, for [`legacy_record`].
+pub(crate) const ALL_HEADS: &str =
+    "SELECT tenant, chain_seq, hash FROM audit_heads WHERE chain_seq > 0 ORDER BY tenant";
+
+/// The kind of the system chain event that records, when a ledger's keyed chain begins, where
+/// each chain's legacy events end.
+pub(crate) const LEGACY_RECORD_EVENT: &str = "audit.keyed_chain_started";
+
+/// The first keyed record of the legacy events, if any.
+pub(crate) const FIND_LEGACY_RECORD: &str = "SELECT payload FROM audit_events \
+     WHERE tenant = '@system' AND kind = 'audit.keyed_chain_started' AND key_id IS NOT NULL \
+     ORDER BY chain_seq LIMIT 1";
+
+/// The system chain event a store opened with keys writes on a ledger holding only legacy
+/// events: the position and hash of every chain's last legacy event. Keyed, so it
+/// authenticates those legacy prefixes (their content, through the hash chain, and their
+/// length): verification with it refuses any other legacy event.
+pub(crate) fn legacy_record(heads: Vec<(String, i64, String)>) -> crate::ops::PreparedEvent {
+    use toolgate_core::Clock as _;
+    let mut chains = serde_json::Map::new();
+    for (chain, chain_seq, hash) in heads {
+        chains.insert(
+            chain,
+            serde_json::json!({ "chain_seq": chain_seq, "hash": hash }),
+        );
+    }
+    crate::ops::PreparedEvent {
+        tenant: crate::model::SYSTEM_CHAIN.to_owned(),
+        kind: LEGACY_RECORD_EVENT.to_owned(),
+        run: None,
+        tool_call_id: None,
+        payload: serde_json::json!({ "legacy_heads": chains }).to_string(),
+        at: toolgate_core::SystemClock.now().0,
+        binding: None,
+    }
+}
+
+/// Reads a [`legacy_record`] payload: chain id -> (last legacy position, its hash).
+pub(crate) fn parse_legacy_record(
+    payload: &str,
+) -> Option<std::collections::HashMap<String, (i64, String)>> {
+    let value: serde_json::Value = serde_json::from_str(payload).ok()?;
+    let chains = value.get("legacy_heads")?.as_object()?;
+    let mut heads = std::collections::HashMap::new();
+    for (chain, head) in chains {
+        let chain_seq = head.get("chain_seq")?.as_i64()?;
+        let hash = head.get("hash")?.as_str()?.to_owned();
+        heads.insert(chain.clone(), (chain_seq, hash));
+    }
+    Some(heads)
+}
+
+/// Where the encoding goes: a hasher, or a buffer to MAC.
+trait Sink {
+    fn update(&mut self, bytes: impl AsRef<[u8]>);
+}
+
+impl Sink for Sha256 {
+    fn update(&mut self, bytes: impl AsRef<[u8]>) {
+        Digest::update(self, bytes);
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn update(&mut self, bytes: impl AsRef<[u8]>) {
+        self.extend_from_slice(bytes.as_ref());
+    }
+}
+
+fn put_text(hasher: &mut impl Sink, bytes: &[u8]) {
     // A usize always fits in a u64 on the platforms Rust supports; saturate rather than cast.
     let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
     hasher.update(len.to_be_bytes());
     hasher.update(bytes);
 }
 
-fn put_optional(hasher: &mut Sha256, value: Option<&str>) {
+fn put_optional(hasher: &mut impl Sink, value: Option<&str>) {
     match value {
         None => hasher.update([0u8]),
         Some(text) => {

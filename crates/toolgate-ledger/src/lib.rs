@@ -6,7 +6,9 @@
 //! writer task that commits whatever has queued up in a single transaction (group commit), so
 //! concurrent callers share an fsync without any write being acknowledged before it is durable.
 
+mod binding;
 mod chain;
+mod checkpoint;
 mod error;
 mod model;
 mod ops;
@@ -19,6 +21,7 @@ mod tests;
 mod verify;
 
 pub use chain::{GENESIS_HASH, event_hash};
+pub use checkpoint::{CHECKPOINT_FORMAT, Checkpoint, CheckpointAuth};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;
 pub use pg::{PgOptions, PgStore};

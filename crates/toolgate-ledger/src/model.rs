@@ -310,8 +310,9 @@ pub struct PendingInvocation {
     pub tool_call_id: ToolCallId,
     /// The tool.
     pub tool: ToolName,
-    /// The original arguments, needed to execute on approval. Kept only while pending.
-    pub arguments: Value,
+    /// The original arguments, needed to execute on approval: sealed, and kept only while
+    /// the row is pending and approval can run it.
+    pub arguments: PendingArguments,
     /// Hex SHA-256 of the arguments.
     pub args_hash: String,
     /// The run's manifest when suspended.
@@ -333,6 +334,25 @@ pub struct PendingInvocation {
     /// The per-call timeout the agent asked for (whole milliseconds, at least 1), which the
     /// approved execution runs under; `None` for the tool's default.
     pub timeout: Option<std::time::Duration>,
+}
+
+/// What a pending invocation keeps of its call's original arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PendingArguments {
+    /// Sealed with the master key ring for the context the engine names; only the engine
+    /// opens it. `key_id` names the key (the text carries it too), so key retirement can see
+    /// what still needs a key and a rewrap can find what to re-seal.
+    Sealed {
+        /// The master key that sealed it.
+        key_id: String,
+        /// The sealed text.
+        sealed: String,
+    },
+    /// In clear: rows written before arguments were sealed, or by an engine used without a
+    /// sealer (library use; the gateway always seals).
+    Clear(Value),
+    /// Not kept: the row is resolved, or approval can never run it (`POLICY_DENIED`).
+    Dropped,
 }
 
 /// An append-only, hash-chained audit record.
@@ -573,6 +593,40 @@ pub struct VerifyReport {
     pub chains_checked: u64,
     /// The first problem found, if any.
     pub first_problem: Option<ChainProblem>,
+    /// Events MAC'd under a chain key (written with the master keys loaded).
+    pub keyed_events: u64,
+    /// Keyed events whose MAC was checked against the loaded keys. The others (no keys given,
+    /// or their key is no longer loaded) were checked for their links and order only.
+    pub authenticated_events: u64,
+    /// Events with the legacy unkeyed hash (written before the keyed chain, or by a store
+    /// opened without keys): anyone who could write the database could have recomputed them,
+    /// unless a keyed event follows them in their chain (its MAC covers their last hash).
+    pub legacy_events: u64,
+    /// Legacy events that no keyed event follows: nothing authenticates them.
+    pub unprotected_legacy_events: u64,
+    /// Whether keys were given to check MACs with.
+    pub keys_loaded: bool,
+    /// Key ids that MAC'd events but are not loaded (retired, or another key file).
+    pub missing_keys: Vec<String>,
+    /// Call, decision and pending-invocation rows compared with what the chain bound.
+    pub rows_checked: u64,
+    /// Rows no binding covers because their call was recorded before the keyed chain.
+    pub legacy_rows: u64,
+    /// The last event of every chain checked, for a checkpoint.
+    pub heads: Vec<ChainHead>,
+    /// Chains compared with a checkpoint (0 when none was given).
+    pub checkpoint_chains: u64,
+}
+
+/// Where a chain ends: its last event's position and hash (or MAC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainHead {
+    /// The chain.
+    pub chain: AuditChain,
+    /// The last event's position.
+    pub chain_seq: i64,
+    /// The last event's hash (a MAC for a keyed event).
+    pub hash: String,
 }
 
 /// Where a chain stops being trustworthy.

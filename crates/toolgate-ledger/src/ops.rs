@@ -5,11 +5,12 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use toolgate_core::{SecretName, TenantId, Timestamp};
 
+use crate::binding::Binding;
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditChain, CredentialKind, CredentialRecord, FinishCall, KeyChange,
-    NewAuditEvent, NewCall, PendingInvocation, Permission, PolicyDecisionRecord, RecordOutcome,
-    ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord,
+    NewAuditEvent, NewCall, PendingArguments, PendingInvocation, Permission, PolicyDecisionRecord,
+    RecordOutcome, ResolvePending, RunRecord, Tenant, TokenRecord, ToolCallRecord,
 };
 use crate::rows::manifest_json;
 
@@ -96,6 +97,15 @@ pub(crate) enum OpKind {
     },
     /// A change outside the database (the master key ring): only its event is written.
     RecordKeyChange(AdminEvent),
+    /// Re-sealed arguments of a row still pending, only if they are still `expected` (`None`:
+    /// clear arguments, which are cleared).
+    ReplacePendingArguments {
+        tenant: TenantId,
+        id: String,
+        expected: Option<String>,
+        sealed: String,
+        key_id: String,
+    },
 }
 
 impl OpKind {
@@ -120,7 +130,8 @@ impl OpKind {
             | OpKind::FinishCall(_)
             | OpKind::AppendEvents(_)
             | OpKind::ResolvePending(_)
-            | OpKind::AddPending(_) => None,
+            | OpKind::AddPending(_)
+            | OpKind::ReplacePendingArguments { .. } => None,
         }
     }
 }
@@ -294,6 +305,7 @@ impl AdminEvent {
             tool_call_id: None,
             payload: Value::Object(self.0.payload.clone()).to_string(),
             at: self.0.at,
+            binding: None,
         }
     }
 
@@ -365,6 +377,8 @@ pub(crate) struct PreparedEvent {
     pub(crate) tool_call_id: Option<String>,
     pub(crate) payload: String,
     pub(crate) at: i64,
+    /// The recorded content this event binds into the chain (`binding.rs`), if any.
+    pub(crate) binding: Option<String>,
 }
 
 impl PreparedEvent {
@@ -376,7 +390,52 @@ impl PreparedEvent {
             tool_call_id: event.tool_call_id.map(|id| id.as_str().to_owned()),
             payload: event.payload.to_string(),
             at: event.at.0,
+            binding: None,
         }
+    }
+
+    /// What the chain covers of this event at position `chain_seq`.
+    pub(crate) fn fields(&self, chain_seq: i64) -> crate::chain::EventFields<'_> {
+        crate::chain::EventFields {
+            tenant: &self.tenant,
+            chain_seq,
+            kind: &self.kind,
+            run: self.run.as_deref(),
+            tool_call_id: self.tool_call_id.as_deref(),
+            payload: &self.payload,
+            at: self.at,
+            binding: self.binding.as_deref(),
+        }
+    }
+
+    /// The events of a human decision, the first of its call's carrying the call's new
+    /// status.
+    pub(crate) fn of_resolution(resolution: &ResolvePending) -> Vec<PreparedEvent> {
+        let mut events: Vec<PreparedEvent> = resolution
+            .events
+            .iter()
+            .cloned()
+            .map(PreparedEvent::new)
+            .collect();
+        let call_id = events.iter().find_map(|event| event.tool_call_id.clone());
+        if let Some(call_id) = call_id {
+            Binding::default()
+                .resolution(&call_id, resolution)
+                .attach(&mut events, &call_id);
+        }
+        events
+    }
+
+    /// The events of a new pending invocation, binding it.
+    pub(crate) fn of_pending(
+        pending: &PendingInvocation,
+        events: Vec<NewAuditEvent>,
+    ) -> Vec<PreparedEvent> {
+        let mut events: Vec<PreparedEvent> = events.into_iter().map(PreparedEvent::new).collect();
+        Binding::default()
+            .pending(pending)
+            .attach(&mut events, pending.tool_call_id.as_str());
+        events
     }
 }
 
@@ -403,7 +462,12 @@ pub(crate) struct PreparedCall {
 #[derive(Debug)]
 pub(crate) struct PreparedPending {
     pub(crate) record: PendingInvocation,
-    pub(crate) arguments: String,
+    /// `arguments`: the clear JSON text, only for rows the engine could not seal.
+    pub(crate) arguments: Option<String>,
+    /// `arguments_sealed`: the sealed arguments.
+    pub(crate) arguments_sealed: Option<String>,
+    /// `arguments_key_id`: the key that sealed them.
+    pub(crate) arguments_key_id: Option<String>,
     pub(crate) manifest: String,
     /// `timeout_ms`: NULL for the tool's default.
     pub(crate) timeout_ms: Option<i64>,
@@ -418,25 +482,46 @@ impl PreparedCall {
             pending,
             events,
         } = new;
+        let input = call.input_redacted.to_string();
+        let output = call.output_redacted.as_ref().map(ToString::to_string);
+        let decision = decision.map(|decision| {
+            let ids = serde_json::Value::from(decision.policy_ids.clone()).to_string();
+            (decision, ids)
+        });
+        let mut events: Vec<PreparedEvent> = events.into_iter().map(PreparedEvent::new).collect();
+        let mut binding = Binding::default().call(&call, &input, output.as_deref());
+        if let Some((decision, ids)) = &decision {
+            binding = binding.decision(decision, ids);
+        }
+        if let Some(pending) = &pending {
+            binding = binding.pending(pending);
+        }
+        binding.attach(&mut events, call.id.as_str());
         PreparedCall {
-            input: call.input_redacted.to_string(),
-            output: call.output_redacted.as_ref().map(ToString::to_string),
+            input,
+            output,
             call,
             count_against_budget,
-            decision: decision.map(|decision| {
-                let ids = serde_json::Value::from(decision.policy_ids.clone()).to_string();
-                (decision, ids)
-            }),
+            decision,
             pending: pending.map(PreparedPending::new),
-            events: events.into_iter().map(PreparedEvent::new).collect(),
+            events,
         }
     }
 }
 
 impl PreparedPending {
     pub(crate) fn new(record: PendingInvocation) -> PreparedPending {
+        let (arguments, arguments_sealed, arguments_key_id) = match &record.arguments {
+            PendingArguments::Sealed { key_id, sealed } => {
+                (None, Some(sealed.clone()), Some(key_id.clone()))
+            }
+            PendingArguments::Clear(value) => (Some(value.to_string()), None, None),
+            PendingArguments::Dropped => (None, None, None),
+        };
         PreparedPending {
-            arguments: record.arguments.to_string(),
+            arguments,
+            arguments_sealed,
+            arguments_key_id,
             manifest: manifest_json(&record.manifest),
             timeout_ms: record.timeout.map(timeout_ms),
             record,
@@ -463,12 +548,16 @@ pub(crate) struct PreparedFinish {
 
 impl PreparedFinish {
     pub(crate) fn new(mut finish: FinishCall) -> PreparedFinish {
-        let events = std::mem::take(&mut finish.events)
+        let mut events: Vec<PreparedEvent> = std::mem::take(&mut finish.events)
             .into_iter()
             .map(PreparedEvent::new)
             .collect();
+        let output = finish.output_redacted.as_ref().map(ToString::to_string);
+        Binding::default()
+            .finish(&finish, output.as_deref())
+            .attach(&mut events, finish.id.as_str());
         PreparedFinish {
-            output: finish.output_redacted.as_ref().map(ToString::to_string),
+            output,
             answer: finish.answer.as_ref().map(|answer| answer.sealed.clone()),
             answer_expires_at: finish.answer.as_ref().map(|answer| answer.expires_at.0),
             finish,

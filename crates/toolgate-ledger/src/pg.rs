@@ -39,10 +39,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::checkpoint::Checkpoint;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{mpsc, oneshot, watch};
+use toolgate_core::AuditKeys;
 use toolgate_core::{
     AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName,
     ToolUseId,
@@ -126,12 +128,61 @@ pub struct PgStore {
     commits: watch::Receiver<u64>,
     config_changes: watch::Receiver<u64>,
     listener: tokio::task::JoinHandle<()>,
+    /// The audit chain's keys: new events are MAC'd with them and verification checks them.
+    keys: Option<Arc<dyn AuditKeys>>,
+    /// Whether this store's open applied the keyed chain's migration.
+    keyed_upgrade: bool,
 }
 
 impl PgStore {
     /// Connects, creates the schema if needed, applies pending migrations (replicas starting
     /// together take turns on sqlx's migration lock) and starts the writer and the listener.
+    ///
+    /// Without keys the audit events it writes carry legacy (unkeyed) hashes; the gateway
+    /// connects with [`PgStore::connect_keyed`].
     pub async fn connect(options: &PgOptions) -> Result<PgStore, LedgerError> {
+        PgStore::connect_with(options, None).await
+    }
+
+    /// Like [`PgStore::connect`], with the keys new audit events are MAC'd with (and
+    /// verification checks them against).
+    pub async fn connect_keyed(
+        options: &PgOptions,
+        keys: Arc<dyn AuditKeys>,
+    ) -> Result<PgStore, LedgerError> {
+        let store = PgStore::connect_with(options, Some(keys)).await?;
+        // On a ledger written without keys (before the keyed chain), the first keyed event
+        // records where every chain's legacy events end. Only the open that migrates the
+        // ledger to the keyed chain writes it: later, a ledger holding legacy events only was
+        // rewritten, and must not be vouched for. Replicas starting together may both write
+        // one; verification uses the first.
+        if !store.keyed_upgrade {
+            return Ok(store);
+        }
+        let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(read_error)?;
+        if keyed == 0 {
+            let heads: Vec<(String, i64, String)> = sqlx::query_as(crate::chain::ALL_HEADS)
+                .fetch_all(&store.pool)
+                .await
+                .map_err(read_error)?;
+            if !heads.is_empty() {
+                let record = crate::chain::legacy_record(heads);
+                store
+                    .submit(OpKind::AppendEvents(vec![record]))
+                    .await?
+                    .done()?;
+            }
+        }
+        Ok(store)
+    }
+
+    async fn connect_with(
+        options: &PgOptions,
+        keys: Option<Arc<dyn AuditKeys>>,
+    ) -> Result<PgStore, LedgerError> {
         let base: PgConnectOptions = options
             .url
             .parse()
@@ -168,6 +219,13 @@ impl PgStore {
                 "could not connect to PostgreSQL {display}: {error}"
             ))
         })?;
+        // Whether this open brings the keyed chain to the ledger (see `open_keyed`).
+        let keyed_before: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM _sqlx_migrations WHERE version = 7 AND success",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or(0);
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
@@ -212,6 +270,7 @@ impl PgStore {
                 instance,
                 channel,
                 config,
+                keys.clone(),
             )
             .run(),
         );
@@ -224,6 +283,8 @@ impl PgStore {
             commits,
             config_changes,
             listener,
+            keys,
+            keyed_upgrade: keyed_before == 0,
         })
     }
 
@@ -843,12 +904,7 @@ impl Store for PgStore {
         if resolution.call_status == ToolCallStatus::Running {
             self.liveness.check()?;
         }
-        let events = resolution
-            .events
-            .iter()
-            .cloned()
-            .map(PreparedEvent::new)
-            .collect();
+        let events = PreparedEvent::of_resolution(&resolution);
         self.submit(OpKind::ResolvePending(Box::new((resolution, events))))
             .await?
             .finished()
@@ -878,7 +934,7 @@ impl Store for PgStore {
         pending: PendingInvocation,
         events: Vec<NewAuditEvent>,
     ) -> Result<(), LedgerError> {
-        let events = events.into_iter().map(PreparedEvent::new).collect();
+        let events = PreparedEvent::of_pending(&pending, events);
         self.submit(OpKind::AddPending(Box::new((
             PreparedPending::new(pending),
             events,
@@ -968,7 +1024,9 @@ impl Store for PgStore {
 
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
         let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT key_id, COUNT(*) FROM tenant_tool_secrets WHERE key_id IS NOT NULL \
+            "SELECT key_id, COUNT(*) FROM (SELECT key_id FROM tenant_tool_secrets \
+             WHERE key_id IS NOT NULL UNION ALL SELECT arguments_key_id FROM pending_invocations \
+             WHERE state = 'pending' AND arguments_key_id IS NOT NULL) AS used \
              GROUP BY key_id ORDER BY key_id",
         )
         .fetch_all(&self.pool)
@@ -978,6 +1036,46 @@ impl Store for PgStore {
             .into_iter()
             .map(|(key, count)| (key, u64::try_from(count).unwrap_or(0)))
             .collect())
+    }
+
+    async fn list_pending_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE state = 'pending' \
+              AND ((arguments_key_id IS NOT NULL AND arguments_key_id <> $1) \
+              OR (arguments_sealed IS NULL AND arguments IS NOT NULL)) \
+              ORDER BY tenant, id LIMIT $2"
+        ))
+        .bind(key_id.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replace_pending_arguments(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        expected: Option<&str>,
+        sealed: &str,
+        key_id: &str,
+    ) -> Result<bool, LedgerError> {
+        self.submit(OpKind::ReplacePendingArguments {
+            tenant: tenant.clone(),
+            id: id.to_owned(),
+            expected: expected.map(str::to_owned),
+            sealed: sealed.to_owned(),
+            key_id: key_id.to_owned(),
+        })
+        .await?
+        .finished()
     }
 
     async fn replace_sealed(
@@ -1058,9 +1156,20 @@ impl Store for PgStore {
         rows.iter().map(event_from_row).collect()
     }
 
-    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+    fn audit_keys(&self) -> Option<Arc<dyn AuditKeys>> {
+        self.keys.clone()
+    }
+
+    async fn verify_against(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, LedgerError> {
         let mut conn = self.pool.acquire().await.map_err(read_error)?;
-        crate::verify::verify_chains(&mut *conn).await
+        let with = crate::verify::VerifyWith {
+            keys: self.keys.as_deref(),
+            checkpoint,
+        };
+        crate::verify::verify_chains(&mut *conn, with).await
     }
 
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
@@ -1086,5 +1195,9 @@ impl Store for PgStore {
 
     fn subscribe_config_changes(&self) -> Option<watch::Receiver<u64>> {
         Some(self.config_changes.clone())
+    }
+
+    async fn close(&self) {
+        PgStore::close(self).await;
     }
 }

@@ -13,9 +13,9 @@ use toolgate_core::{RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName
 
 use crate::error::LedgerError;
 use crate::model::{
-    Agent, AuditEvent, CredentialKind, CredentialRecord, PendingInvocation, PendingOrigin,
-    PendingState, Permission, PolicySetRecord, Role, RunRecord, RunStatus, SealedAnswer, Tenant,
-    TokenRecord, ToolCallRecord,
+    Agent, AuditEvent, CredentialKind, CredentialRecord, PendingArguments, PendingInvocation,
+    PendingOrigin, PendingState, Permission, PolicySetRecord, Role, RunRecord, RunStatus,
+    SealedAnswer, Tenant, TokenRecord, ToolCallRecord,
 };
 
 /// The columns [`call_from_row`] reads, for `concat!` into queries.
@@ -39,8 +39,9 @@ pub(crate) use event_columns;
 /// The columns [`pending_from_row`] reads, in order.
 macro_rules! pending_columns {
     () => {
-        "id, tenant, run, tool_call_id, tool, arguments, args_hash, manifest, policy_version, \
-         origin, decision, state, version, expires_at, created_at, timeout_ms"
+        "id, tenant, run, tool_call_id, tool, arguments, arguments_sealed, arguments_key_id, \
+         args_hash, manifest, policy_version, origin, decision, state, version, expires_at, \
+         created_at, timeout_ms"
     };
 }
 pub(crate) use pending_columns;
@@ -444,12 +445,18 @@ pub(crate) fn pending_from_row(row: &impl SqlRow) -> Result<PendingInvocation, L
     let corrupt = |what: String| LedgerError::Corrupt(format!("pending_invocations: {what}"));
     let text = |column: &str| row.text(column);
     let number = |column: &str| row.int(column);
-    let arguments = row.text_opt("arguments")?;
-    let arguments = match arguments {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| corrupt(format!("arguments: {e}")))?
-        }
-        None => serde_json::Value::Null,
+    let arguments = match (
+        row.text_opt("arguments_sealed")?,
+        row.text_opt("arguments")?,
+    ) {
+        (Some(sealed), _) => PendingArguments::Sealed {
+            key_id: row.text_opt("arguments_key_id")?.unwrap_or_default(),
+            sealed,
+        },
+        (None, Some(text)) => PendingArguments::Clear(
+            serde_json::from_str(&text).map_err(|e| corrupt(format!("arguments: {e}")))?,
+        ),
+        (None, None) => PendingArguments::Dropped,
     };
     let manifest: Vec<String> =
         serde_json::from_str(&text("manifest")?).map_err(|e| corrupt(format!("manifest: {e}")))?;

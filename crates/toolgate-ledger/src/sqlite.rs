@@ -16,6 +16,7 @@
 //! PostgreSQL backend.
 
 mod bulk;
+mod files;
 mod owner;
 
 mod statements;
@@ -30,12 +31,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::checkpoint::Checkpoint;
 use sqlx::ConnectOptions;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use tokio::sync::{mpsc, oneshot};
+use toolgate_core::AuditKeys;
 use toolgate_core::{
     AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
 };
@@ -82,6 +85,10 @@ pub struct SqliteStore {
     /// only those can have been interrupted by a crash. Every other `running` call is this
     /// process's own, including one that was waiting for approval at open and approved since.
     interrupted: String,
+    /// The audit chain's keys: new events are MAC'd with them and verification checks them.
+    keys: Option<Arc<dyn AuditKeys>>,
+    /// Whether this store's open applied the keyed chain's migration.
+    keyed_upgrade: bool,
 }
 
 /// What the writer has done since the store was opened.
@@ -103,8 +110,47 @@ pub struct WriterStats {
 impl SqliteStore {
     /// Opens (creating if missing) the ledger at `path`, applies pending migrations and starts
     /// the writer task. Must be called inside a Tokio runtime.
+    ///
+    /// Without keys the audit events it writes carry legacy (unkeyed) hashes, which anyone who
+    /// can write the file can recompute; the gateway opens its ledger with
+    /// [`SqliteStore::open_keyed`].
     pub async fn open(path: &Path) -> Result<SqliteStore, LedgerError> {
-        SqliteStore::open_gated(path, None).await
+        SqliteStore::open_gated(path, None, None).await
+    }
+
+    /// Like [`SqliteStore::open`], with the keys new audit events are MAC'd with (and
+    /// verification checks them against).
+    pub async fn open_keyed(
+        path: &Path,
+        keys: Arc<dyn AuditKeys>,
+    ) -> Result<SqliteStore, LedgerError> {
+        let store = SqliteStore::open_gated(path, None, Some(keys)).await?;
+        // On a ledger written without keys (before the keyed chain), the first keyed event
+        // records where every chain's legacy events end. Only the open that migrates the
+        // ledger to the keyed chain writes it: later, a ledger holding legacy events only was
+        // rewritten, and must not be vouched for. Replicas starting together may both write
+        // one; verification uses the first.
+        if !store.keyed_upgrade {
+            return Ok(store);
+        }
+        let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
+            .fetch_one(&store.read)
+            .await
+            .map_err(read_error)?;
+        if keyed == 0 {
+            let heads: Vec<(String, i64, String)> = sqlx::query_as(crate::chain::ALL_HEADS)
+                .fetch_all(&store.read)
+                .await
+                .map_err(read_error)?;
+            if !heads.is_empty() {
+                let record = crate::chain::legacy_record(heads);
+                store
+                    .submit(OpKind::AppendEvents(vec![record]))
+                    .await?
+                    .done()?;
+            }
+        }
+        Ok(store)
     }
 
     /// A store whose writer waits for `start` before its first batch, so tests can queue
@@ -112,7 +158,7 @@ impl SqliteStore {
     #[cfg(test)]
     async fn open_paused(path: &Path) -> Result<(SqliteStore, oneshot::Sender<()>), LedgerError> {
         let (start, gate) = oneshot::channel();
-        let store = SqliteStore::open_gated(path, Some(gate)).await?;
+        let store = SqliteStore::open_gated(path, Some(gate), None).await?;
         Ok((store, start))
     }
 
@@ -129,6 +175,15 @@ impl SqliteStore {
     /// Writes fail with [`LedgerError::ReadOnly`]. Refused when the file lacks a migration
     /// this version needs (the owner migrates it when it starts).
     pub async fn open_read_only(path: &Path) -> Result<SqliteStore, LedgerError> {
+        SqliteStore::open_read_only_with(path, None).await
+    }
+
+    /// Like [`SqliteStore::open_read_only`], with the keys verification checks event MACs
+    /// against (`None`: verification says what it could not check).
+    pub async fn open_read_only_with(
+        path: &Path,
+        keys: Option<Arc<dyn AuditKeys>>,
+    ) -> Result<SqliteStore, LedgerError> {
         let display = path.display();
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -166,16 +221,20 @@ impl SqliteStore {
             read,
             counters: Arc::default(),
             interrupted: "[]".to_owned(),
+            keys,
+            keyed_upgrade: false,
         })
     }
 
     async fn open_gated(
         path: &Path,
         gate: Option<oneshot::Receiver<()>>,
+        keys: Option<Arc<dyn AuditKeys>>,
     ) -> Result<SqliteStore, LedgerError> {
         // First of all: nothing may read `running` calls as interrupted, or write, while
         // another process owns the file.
         let lock = owner::OwnerLock::acquire(path)?;
+        files::prepare(path)?;
         let shared = SqliteConnectOptions::new()
             .filename(path)
             .foreign_keys(true)
@@ -194,11 +253,21 @@ impl SqliteStore {
             // a close per batch. In memory it costs no system calls.
             .pragma("temp_store", "memory")
             .pragma("wal_autocheckpoint", "8000")
+            // Deleted and overwritten content is zeroed in the file instead of left in free
+            // space, e.g. a pending call's sealed arguments after its decision.
+            .pragma("secure_delete", "on")
             .statement_cache_capacity(WRITE_STATEMENT_CACHE);
         let display = path.display();
         let mut conn = write_options.connect().await.map_err(|error| {
             LedgerError::Database(format!("could not open ledger {display}: {error}"))
         })?;
+        // Whether this open brings the keyed chain to the ledger (see `open_keyed`).
+        let keyed_before: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM _sqlx_migrations WHERE version = 10 AND success",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or(0);
         MIGRATOR.run(&mut conn).await.map_err(|error| {
             LedgerError::Database(format!("could not migrate ledger {display}: {error}"))
         })?;
@@ -220,12 +289,14 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         // The lock lives as long as the writer: a store dropped without `close` keeps the file
         // until its queued writes are committed.
-        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters), lock).run(gate));
+        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters), lock, keys.clone()).run(gate));
         Ok(SqliteStore {
             writer: Some(tx),
             read,
             counters,
             interrupted,
+            keys,
+            keyed_upgrade: keyed_before == 0,
         })
     }
 
@@ -649,12 +720,7 @@ impl Store for SqliteStore {
     }
 
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
-        let events = resolution
-            .events
-            .iter()
-            .cloned()
-            .map(PreparedEvent::new)
-            .collect();
+        let events = PreparedEvent::of_resolution(&resolution);
         self.submit(OpKind::ResolvePending(Box::new((resolution, events))))
             .await?
             .finished()
@@ -665,7 +731,7 @@ impl Store for SqliteStore {
         pending: PendingInvocation,
         events: Vec<NewAuditEvent>,
     ) -> Result<(), LedgerError> {
-        let events = events.into_iter().map(PreparedEvent::new).collect();
+        let events = PreparedEvent::of_pending(&pending, events);
         self.submit(OpKind::AddPending(Box::new((
             PreparedPending::new(pending),
             events,
@@ -755,7 +821,9 @@ impl Store for SqliteStore {
 
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
         let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT key_id, COUNT(*) FROM tenant_tool_secrets WHERE key_id IS NOT NULL \
+            "SELECT key_id, COUNT(*) FROM (SELECT key_id FROM tenant_tool_secrets \
+             WHERE key_id IS NOT NULL UNION ALL SELECT arguments_key_id FROM pending_invocations \
+             WHERE state = 'pending' AND arguments_key_id IS NOT NULL) AS used \
              GROUP BY key_id ORDER BY key_id",
         )
         .fetch_all(&self.read)
@@ -765,6 +833,46 @@ impl Store for SqliteStore {
             .into_iter()
             .map(|(key, count)| (key, u64::try_from(count).unwrap_or(0)))
             .collect())
+    }
+
+    async fn list_pending_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            pending_columns!(),
+            " FROM pending_invocations WHERE state = 'pending' \
+              AND ((arguments_key_id IS NOT NULL AND arguments_key_id <> ?) \
+              OR (arguments_sealed IS NULL AND arguments IS NOT NULL)) \
+              ORDER BY tenant, id LIMIT ?"
+        ))
+        .bind(key_id.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await
+        .map_err(read_error)?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replace_pending_arguments(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        expected: Option<&str>,
+        sealed: &str,
+        key_id: &str,
+    ) -> Result<bool, LedgerError> {
+        self.submit(OpKind::ReplacePendingArguments {
+            tenant: tenant.clone(),
+            id: id.to_owned(),
+            expected: expected.map(str::to_owned),
+            sealed: sealed.to_owned(),
+            key_id: key_id.to_owned(),
+        })
+        .await?
+        .finished()
     }
 
     async fn replace_sealed(
@@ -906,9 +1014,20 @@ impl Store for SqliteStore {
         rows.iter().map(event_from_row).collect()
     }
 
-    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+    fn audit_keys(&self) -> Option<Arc<dyn AuditKeys>> {
+        self.keys.clone()
+    }
+
+    async fn verify_against(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, LedgerError> {
         let mut conn = self.read.acquire().await.map_err(read_error)?;
-        crate::verify::verify_chains(&mut *conn).await
+        let with = crate::verify::VerifyWith {
+            keys: self.keys.as_deref(),
+            checkpoint,
+        };
+        crate::verify::verify_chains(&mut *conn, with).await
     }
 
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
@@ -926,5 +1045,9 @@ impl Store for SqliteStore {
                     .map_err(|error| LedgerError::Corrupt(format!("column tool: {error}")))
             })
             .collect()
+    }
+
+    async fn close(&self) {
+        SqliteStore::close(self).await;
     }
 }

@@ -5,6 +5,9 @@ use toolgate_core::{
     AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName, ToolUseId,
 };
 
+use std::sync::Arc;
+
+use crate::checkpoint::Checkpoint;
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
@@ -243,8 +246,29 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         key_id: &str,
         limit: u32,
     ) -> Result<Vec<CredentialRecord>, LedgerError>;
-    /// How many sealed credentials each master key protects.
+    /// How many sealed values each master key protects that must not be lost: sealed
+    /// credentials and the sealed arguments of pending invocations (sealed answers are not
+    /// counted: without their key a replay gets the redacted copy).
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError>;
+    /// Pending invocations of every tenant whose arguments are sealed under a key other than
+    /// `key_id`, or kept in clear (rows written before arguments were sealed), at most
+    /// `limit`.
+    async fn list_pending_sealed_not_under(
+        &self,
+        key_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PendingInvocation>, LedgerError>;
+    /// Replaces a pending invocation's sealed arguments (re-sealed under `key_id`) only if
+    /// it is still pending with `expected` (a sealed text, or `None` for clear arguments,
+    /// which are then cleared). Returns whether it was replaced.
+    async fn replace_pending_arguments(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        expected: Option<&str>,
+        sealed: &str,
+        key_id: &str,
+    ) -> Result<bool, LedgerError>;
     /// Replaces a sealed value only if it is still `expected` (a concurrent update wins).
     /// Returns whether it was replaced; only then is `admin.credential_rewrapped` written.
     async fn replace_sealed(
@@ -280,9 +304,23 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, LedgerError>;
-    /// Checks every chain (each tenant's and the system chain) and reports the first event
-    /// edited, deleted or reordered.
-    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError>;
+    /// Checks every chain (each tenant's and the system chain) and the rows its events bind,
+    /// and reports the first event or row edited, deleted or reordered. MACs are checked with
+    /// the keys the store was opened with; the report says what could not be checked.
+    async fn verify_chains(&self) -> Result<VerifyReport, LedgerError> {
+        self.verify_against(None).await
+    }
+
+    /// [`Store::verify_chains`], also comparing every chain with a checkpoint taken earlier
+    /// (truncation and rewinding show there). The checkpoint's own MAC is the caller's to
+    /// check ([`Checkpoint::authenticate`]).
+    async fn verify_against(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<VerifyReport, LedgerError>;
+
+    /// The keys the store MACs and verifies events with, if it was opened with any.
+    fn audit_keys(&self) -> Option<Arc<dyn toolgate_core::AuditKeys>>;
 
     /// Tools some grant names, for checking grants against the registry.
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError>;
@@ -301,4 +339,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn subscribe_config_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
     }
+
+    /// Commits every write queued so far, then closes the store: SQLite checkpoints its
+    /// write-ahead log into the database and truncates it (so nothing overwritten lingers
+    /// there), PostgreSQL gives up this process's liveness key. Writes after this fail with
+    /// [`LedgerError::Closed`].
+    async fn close(&self);
 }

@@ -140,6 +140,14 @@ impl KeyRing {
         self.keys.keys()
     }
 
+    /// The raw bytes of master key `id`, for deriving keys of other uses from it.
+    pub(crate) fn key_bytes(&self, id: &str) -> Option<&[u8; 32]> {
+        self.keys
+            .iter()
+            .find(|(key_id, _)| key_id.as_str() == id)
+            .map(|(_, key)| &**key)
+    }
+
     /// Whether the ring holds `id`.
     pub fn contains(&self, id: &KeyId) -> bool {
         self.keys.contains_key(id)
@@ -343,6 +351,16 @@ impl toolgate_core::Sealer for KeyRing {
                 OpenFailure::UnknownKey(id) => toolgate_core::SealError::UnknownKey(id),
                 OpenFailure::Invalid => toolgate_core::SealError::Invalid,
             })
+    }
+
+    fn key_id_of(&self, sealed: &str) -> Option<String> {
+        let mut fields = sealed.splitn(3, '.');
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(PREFIX), Some(key_id), Some(_)) if KeyId::new(key_id).is_ok() => {
+                Some(key_id.to_owned())
+            }
+            _ => None,
+        }
     }
 }
 

@@ -9,11 +9,13 @@
 //! implements [`toolgate_core::SecretSource`] so the engine can use it directly. Where
 //! credentials are stored is behind [`CredentialRepository`]; master keys never come from it.
 
+mod chain_key;
 mod error;
 mod keyring;
 mod reference;
 mod vault;
 
+pub use chain_key::LiveKeyRing;
 pub use error::SecretsError;
 pub use keyring::{KeyId, KeyRing, SealedSecret};
 pub use reference::{Environment, ProcessEnvironment, Reference};

@@ -182,6 +182,10 @@ impl toolgate_core::Sealer for Vault {
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, toolgate_core::SealError> {
         toolgate_core::Sealer::open(self.key_ring().as_ref(), context, sealed)
     }
+
+    fn key_id_of(&self, sealed: &str) -> Option<String> {
+        toolgate_core::Sealer::key_id_of(self.key_ring().as_ref(), sealed)
+    }
 }
 
 #[async_trait::async_trait]

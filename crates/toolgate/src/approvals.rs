@@ -182,17 +182,18 @@ impl ApprovalApi {
             .get_tool_call(tenant, &row.tool_call_id)
             .await
             .map_err(ledger_status)?;
+        // What an approver sees of the arguments is what the ledger keeps of the call: its
+        // redacted input (the row's own arguments are sealed, or not kept for a denial).
+        let arguments_json = call
+            .as_ref()
+            .map(|call| call.input_redacted.to_string())
+            .unwrap_or_default();
         Ok(pb::PendingInvocation {
             invocation_id: row.id.clone(),
             run_id: row.run.to_string(),
             tool_call_id: row.tool_call_id.to_string(),
             tool_name: row.tool.to_string(),
-            arguments_json: self
-                .0
-                .engine
-                .redactor()
-                .redact_json(&row.arguments)
-                .to_string(),
+            arguments_json,
             args_hash: row.args_hash.clone(),
             origin: row.origin.as_str().to_owned(),
             decision: row.decision.as_str().to_owned(),
@@ -202,6 +203,7 @@ impl ApprovalApi {
             expires_at_ms: row.expires_at.0,
             created_at_ms: row.created_at.0,
             tool_call_status: call
+                .as_ref()
                 .map(|call| call.status.as_str().to_owned())
                 .unwrap_or_default(),
             timeout_ms: row.timeout.map_or(0, |timeout| {

@@ -36,6 +36,40 @@ pub(crate) struct Config {
     pub(crate) engine: EngineConfig,
     /// The Slack connector's settings (`[connectors.slack]`).
     pub(crate) slack: SlackSettings,
+    /// The Shopify connector's settings (`[connectors.shopify]`).
+    pub(crate) shopify: ShopifySettings,
+    /// The AWS connector's settings (`[connectors.aws]`).
+    pub(crate) aws: AwsSettings,
+}
+
+/// `[connectors.aws]`: the AWS connector's endpoint override, default region and limits. Kept
+/// here, independent of the connector crate, so the table parses the same in builds without the
+/// `aws` feature; the connector validates the values when it is built, before any port is bound.
+/// The endpoint override exists only here: a tenant's secret can never set it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AwsSettings {
+    /// One endpoint for every AWS service (an emulator, a private gateway); `None`: AWS itself.
+    pub(crate) endpoint_url: Option<String>,
+    /// The region for tenants whose secret names none; `None`: us-east-1.
+    pub(crate) default_region: Option<String>,
+    /// AWS requests one call runs at once; `None`: 4.
+    pub(crate) max_concurrency: Option<usize>,
+    /// Attempts per AWS request; `None`: 3.
+    pub(crate) max_attempts: Option<u32>,
+    /// Items asked for per AWS page; `None`: 100.
+    pub(crate) page_size: Option<u32>,
+}
+
+/// `[connectors.shopify]`: which Admin API version the Shopify connector pins and which hosts
+/// besides `*.myshopify.com` a tenant's shop may name. Kept here, independent of the connector
+/// crate, so the table parses the same in builds without the `shopify` feature.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShopifySettings {
+    /// `YYYY-MM`; `None` keeps the connector's default (the newest stable release).
+    pub(crate) api_version: Option<String>,
+    /// Hosts a shop may name besides `*.myshopify.com`, exempt from the SSRF guard and allowed
+    /// over plain http (e.g. `127.0.0.1` in tests).
+    pub(crate) allow_hosts: Vec<String>,
 }
 
 /// `[connectors.slack]`: where the Slack connector sends requests. Kept here, independent of
@@ -111,6 +145,19 @@ struct RawConnectors {
     disabled: Option<Vec<String>>,
     #[serde(default)]
     slack: RawSlack,
+    #[serde(default)]
+    shopify: RawShopify,
+    aws: RawAws,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAws {
+    endpoint_url: Option<String>,
+    default_region: Option<String>,
+    max_concurrency: Option<usize>,
+    max_attempts: Option<u32>,
+    page_size: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,6 +166,13 @@ struct RawSlack {
     api_base_url: Option<String>,
     allow_hosts: Option<Vec<String>>,
     webhook_hosts: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShopify {
+    api_version: Option<String>,
+    allow_hosts: Option<Vec<String>>,
 }
 
 /// The environment variables read, each naming the config key it overrides.
@@ -158,6 +212,8 @@ const ENV_OTHER: &[&str] = &[
     "TOOLGATE_MASTER_KEYS",
     // The PostgreSQL server of the test suite; gateways the tests start inherit it.
     "TOOLGATE_TEST_PG_URL",
+    // The AWS emulator of the test suite (`moto_server`); gateways the tests start inherit it.
+    "TOOLGATE_TEST_MOTO_SERVER",
 ];
 
 impl Config {
@@ -329,6 +385,30 @@ impl Config {
                     .to_owned(),
             );
         }
+        let shopify = ShopifySettings {
+            api_version: raw.connectors.shopify.api_version,
+            allow_hosts: raw.connectors.shopify.allow_hosts.unwrap_or_default(),
+        };
+        if let Some(version) = &shopify.api_version {
+            let shaped = version.len() == 7
+                && version.as_bytes()[4] == b'-'
+                && version
+                    .bytes()
+                    .enumerate()
+                    .all(|(i, b)| i == 4 || b.is_ascii_digit());
+            if !shaped {
+                return Err(format!(
+                    "connectors.shopify.api_version must be a release such as \"2026-10\", got `{version}`"
+                ));
+            }
+        }
+        let aws = AwsSettings {
+            endpoint_url: raw.connectors.aws.endpoint_url,
+            default_region: raw.connectors.aws.default_region,
+            max_concurrency: raw.connectors.aws.max_concurrency,
+            max_attempts: raw.connectors.aws.max_attempts,
+            page_size: raw.connectors.aws.page_size,
+        };
         Ok(Config {
             listen,
             drain_timeout: Duration::from_millis(drain_timeout_ms),
@@ -347,6 +427,8 @@ impl Config {
             master_keys: env.get("TOOLGATE_MASTER_KEYS").cloned(),
             engine,
             slack,
+            shopify,
+            aws,
         })
     }
 }
@@ -542,6 +624,12 @@ mod tests {
                 &[],
                 "connectors.slack.webhook_hosts",
             ),
+            ("[connectors.shopify]\ntoken = \"x\"", &[], "token"),
+            (
+                "[connectors.shopify]\napi_version = \"latest\"",
+                &[],
+                "connectors.shopify.api_version",
+            ),
         ];
         for (text, pairs, key) in cases {
             let err = load(text, pairs).unwrap_err();
@@ -644,6 +732,28 @@ mod tests {
     }
 
     #[test]
+    fn aws_settings_are_read_and_a_tenant_key_is_refused() {
+        let config = load(
+            "[connectors.aws]\nendpoint_url = \"http://127.0.0.1:5000\"\ndefault_region = \"eu-west-1\"\nmax_concurrency = 2\nmax_attempts = 1\npage_size = 5",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.aws,
+            AwsSettings {
+                endpoint_url: Some("http://127.0.0.1:5000".into()),
+                default_region: Some("eu-west-1".into()),
+                max_concurrency: Some(2),
+                max_attempts: Some(1),
+                page_size: Some(5),
+            }
+        );
+        assert_eq!(load("", &[]).unwrap().aws, AwsSettings::default());
+        let err = load("[connectors.aws]\nendpoint = \"http://x\"", &[]).unwrap_err();
+        assert!(err.contains("endpoint"), "{err}");
+    }
+
+    #[test]
     fn the_drain_timeout_is_read_and_bounded() {
         assert_eq!(
             load("", &[]).unwrap().drain_timeout,
@@ -673,6 +783,23 @@ mod tests {
             }
         );
         assert_eq!(load("", &[]).unwrap().slack, SlackSettings::default());
+    }
+
+    #[test]
+    fn shopify_settings_are_read() {
+        let config = load(
+            "[connectors.shopify]\napi_version = \"2026-07\"\nallow_hosts = [\"127.0.0.1\"]",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.shopify,
+            ShopifySettings {
+                api_version: Some("2026-07".into()),
+                allow_hosts: vec!["127.0.0.1".into()],
+            }
+        );
+        assert_eq!(load("", &[]).unwrap().shopify, ShopifySettings::default());
     }
 
     #[test]

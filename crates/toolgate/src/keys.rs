@@ -12,8 +12,8 @@ use toolgate_ledger::{
     Actor, CredentialKind, CredentialRecord, KeyChange, LedgerError, LedgerErrorKind, Store,
 };
 use toolgate_secrets::{
-    CredentialRepository, KeyId, KeyRing, Reference, SecretsError, StoredCredential, StoredKind,
-    Vault,
+    CredentialRepository, KeyId, KeyRing, LiveKeyRing, Reference, SecretsError, StoredCredential,
+    StoredKind, Vault,
 };
 
 use crate::server::write_private_file;
@@ -32,9 +32,24 @@ enum KeySource {
 pub(crate) struct KeyManager {
     source: KeySource,
     vault: Arc<Vault>,
+    /// The ring the ledger MACs audit events with; replaced together with the vault's.
+    chain_keys: Arc<LiveKeyRing>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     lock: Mutex<()>,
+}
+
+/// Reads the key ring for a command that must not create one (`ledger verify`, `ledger
+/// checkpoint`): `TOOLGATE_MASTER_KEYS` when set, else the key file; `None` when neither
+/// exists.
+pub(crate) fn read_key_ring(
+    key_file: &Path,
+    inline: Option<&str>,
+) -> anyhow::Result<Option<KeyRing>> {
+    if inline.is_none() && !key_file.exists() {
+        return Ok(None);
+    }
+    load_key_ring(key_file, inline).map(|(ring, _)| Some(ring))
 }
 
 /// Loads the key ring: `TOOLGATE_MASTER_KEYS` when set, else the key file, created with one
@@ -69,6 +84,7 @@ pub(crate) fn load_key_ring(
         let ring = KeyRing::parse(&text)?;
         return Ok((ring, true));
     }
+    crate::server::refuse_shared_file(key_file, "key file")?;
     let text = std::fs::read_to_string(key_file)
         .with_context(|| format!("cannot read the key file {}", key_file.display()))?;
     let ring = KeyRing::parse(&text).with_context(|| format!("key file {}", key_file.display()))?;
@@ -84,7 +100,7 @@ pub(crate) async fn check_keys_present(
         let present = KeyId::new(key_id.clone()).is_ok_and(|id| ring.contains(&id));
         if !present {
             bail!(
-                "{count} stored credential(s) are sealed with master key `{key_id}`, which is not loaded; add it back to the key file (or TOOLGATE_MASTER_KEYS) before starting"
+                "{count} stored credential(s) or pending call(s) are sealed with master key `{key_id}`, which is not loaded; add it back to the key file (or TOOLGATE_MASTER_KEYS) before starting"
             );
         }
     }
@@ -96,6 +112,7 @@ impl KeyManager {
         key_file: &Path,
         from_environment: bool,
         vault: Arc<Vault>,
+        chain_keys: Arc<LiveKeyRing>,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
     ) -> KeyManager {
@@ -107,6 +124,7 @@ impl KeyManager {
         KeyManager {
             source,
             vault,
+            chain_keys,
             store,
             clock,
             lock: Mutex::new(()),
@@ -183,6 +201,7 @@ impl KeyManager {
             previous: ring.active().to_string(),
         };
         self.record(path, &original, change, actor).await?;
+        self.chain_keys.set(rotated.clone());
         self.vault.set_key_ring(rotated);
         Ok(self.vault.key_ring())
     }
@@ -213,7 +232,11 @@ impl KeyManager {
     /// credential is replaced only if unchanged since it was read.
     /// Each re-sealed credential gets its own event on its tenant's chain, and the whole run
     /// one on the system chain.
-    pub(crate) async fn rewrap(&self, actor: &Actor) -> anyhow::Result<(u64, u64)> {
+    pub(crate) async fn rewrap(
+        &self,
+        actor: &Actor,
+        engine: &toolgate_engine::Engine,
+    ) -> anyhow::Result<(u64, u64)> {
         let _guard = self.lock.lock().await;
         let ring = self.vault.key_ring();
         let active = ring.active().to_string();
@@ -256,6 +279,11 @@ impl KeyManager {
                 break;
             }
         }
+        // The arguments of suspended calls are sealed with the same keys; the engine, which
+        // seals them, re-seals them.
+        let (pending_rewrapped, pending_skipped) = engine.rewrap_pending_arguments(&active).await?;
+        rewrapped += pending_rewrapped;
+        skipped += pending_skipped;
         let change = KeyChange::Rewrapped {
             active_key_id: active,
             rewrapped,
@@ -282,7 +310,9 @@ impl KeyManager {
             .find(|(key, _)| key == id)
             .map_or(0, |(_, count)| count);
         if in_use > 0 {
-            bail!("key `{id}` still seals {in_use} credential(s); run a rewrap first");
+            bail!(
+                "key `{id}` still seals {in_use} value(s) (credentials, arguments of pending calls); run a rewrap first"
+            );
         }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -299,6 +329,7 @@ impl KeyManager {
             key_id: id.to_owned(),
         };
         self.record(path, &text, change, actor).await?;
+        self.chain_keys.set(retired.clone());
         self.vault.set_key_ring(retired);
         Ok(self.vault.key_ring())
     }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::approvals::ApprovalApi;
 use crate::auth::{Authenticator, issue_token};
-use crate::config::{Config, SlackSettings};
+use crate::config::{AwsSettings, Config, ShopifySettings, SlackSettings};
 use crate::drain::{Drain, Draining};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, Shared};
@@ -29,9 +29,13 @@ const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
 /// The connectors compiled into this build, in registration order.
 pub(crate) fn compiled_connectors(
     slack: &SlackSettings,
+    shopify: &ShopifySettings,
+    aws: &AwsSettings,
 ) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
     let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
     add_slack(&mut connectors, slack)?;
+    add_shopify(&mut connectors, shopify)?;
+    add_aws(&mut connectors, aws)?;
     add_testkit(&mut connectors);
     Ok(connectors)
 }
@@ -68,6 +72,61 @@ fn add_slack(
     Ok(())
 }
 
+#[cfg(feature = "shopify")]
+fn add_shopify(
+    connectors: &mut Vec<Arc<dyn Connector>>,
+    settings: &ShopifySettings,
+) -> anyhow::Result<()> {
+    let defaults = toolgate_shopify::ShopifyConfig::default();
+    let config = toolgate_shopify::ShopifyConfig {
+        api_version: settings
+            .api_version
+            .clone()
+            .unwrap_or(defaults.api_version.clone()),
+        allow_hosts: settings.allow_hosts.clone(),
+        ..defaults
+    };
+    let connector = toolgate_shopify::ShopifyConnector::new(config)
+        .context("connectors.shopify in the configuration")?;
+    connectors.push(Arc::new(connector));
+    Ok(())
+}
+
+#[cfg(feature = "aws")]
+fn add_aws(connectors: &mut Vec<Arc<dyn Connector>>, settings: &AwsSettings) -> anyhow::Result<()> {
+    let defaults = toolgate_aws::AwsConfig::default();
+    let config = toolgate_aws::AwsConfig {
+        endpoint_url: settings.endpoint_url.clone(),
+        default_region: settings
+            .default_region
+            .clone()
+            .unwrap_or(defaults.default_region.clone()),
+        max_concurrency: settings.max_concurrency.unwrap_or(defaults.max_concurrency),
+        max_attempts: settings.max_attempts.unwrap_or(defaults.max_attempts),
+        page_size: settings.page_size.unwrap_or(defaults.page_size),
+    };
+    let connector =
+        toolgate_aws::AwsConnector::new(config).context("connectors.aws in the configuration")?;
+    connectors.push(Arc::new(connector));
+    Ok(())
+}
+
+#[cfg(not(feature = "shopify"))]
+fn add_shopify(
+    _connectors: &mut Vec<Arc<dyn Connector>>,
+    _settings: &ShopifySettings,
+) -> anyhow::Result<()> {
+    Ok(())
+}
+
+#[cfg(not(feature = "aws"))]
+fn add_aws(
+    _connectors: &mut Vec<Arc<dyn Connector>>,
+    _settings: &AwsSettings,
+) -> anyhow::Result<()> {
+    Ok(())
+}
+
 #[cfg(feature = "testkit")]
 fn add_testkit(connectors: &mut Vec<Arc<dyn Connector>>) {
     connectors.push(Arc::new(toolgate_engine::testkit::TestkitConnector));
@@ -80,8 +139,10 @@ fn add_testkit(_connectors: &mut Vec<Arc<dyn Connector>>) {}
 pub(crate) fn build_registry(
     disabled: &[String],
     slack: &SlackSettings,
+    shopify: &ShopifySettings,
+    aws: &AwsSettings,
 ) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors(slack)?;
+    let connectors = compiled_connectors(slack, shopify, aws)?;
     for family in disabled {
         if !connectors.iter().any(|c| c.family() == family) {
             let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
@@ -109,10 +170,16 @@ pub(crate) fn build_registry(
 pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = build_registry(&config.disabled_connectors, &config.slack)?;
+    let registry = build_registry(
+        &config.disabled_connectors,
+        &config.slack,
+        &config.shopify,
+        &config.aws,
+    )?;
     let catalog = Arc::new(Catalog::new(registry)?);
-    let store = config.database.open().await?;
-    bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
+    // Files holding secrets are checked before anything is opened or written; then the keys,
+    // since the ledger MACs its audit events with chain keys derived from them.
+    refuse_shared_file(&config.admin_token_file, "admin token file")?;
     let (ring, created) = keys::load_key_ring(&config.key_file, config.master_keys.as_deref())?;
     if created {
         announce(&format!(
@@ -120,6 +187,12 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             config.key_file.display()
         ));
     }
+    let chain_keys = Arc::new(toolgate_secrets::LiveKeyRing::new(ring.clone()));
+    let store = config
+        .database
+        .open(Arc::clone(&chain_keys) as Arc<dyn toolgate_core::AuditKeys>)
+        .await?;
+    bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
     keys::check_keys_present(&store, &ring).await?;
     let vault = Arc::new(Vault::new(
         Arc::new(keys::LedgerCredentials(Arc::clone(&store))),
@@ -140,11 +213,23 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         &config.key_file,
         config.master_keys.is_some(),
         vault,
+        chain_keys,
         Arc::clone(&store),
         Arc::clone(&clock),
     ));
     // Before serving: calls a crash interrupted are settled as outcome_unknown, never rerun.
     let interrupted = engine.recover_interrupted_calls().await?;
+    // Arguments of calls suspended by a version that kept them in clear (or under a key
+    // that is no longer the active one) are sealed under the active key now.
+    let (sealed, _) = engine
+        .rewrap_pending_arguments(key_manager.vault().key_ring().active().as_str())
+        .await?;
+    if sealed > 0 {
+        info!(
+            sealed,
+            "sealed the arguments of pending calls under the active key"
+        );
+    }
     if interrupted > 0 {
         warn!(
             calls = interrupted,
@@ -262,6 +347,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     );
     let drained = tokio::select! {
         served = &mut server => {
+            store.close().await;
             served?;
             return Ok(());
         }
@@ -269,11 +355,12 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         () = shutdown_signal() => false,
     };
     let _ = stop.send(());
+    let mut served = Ok(());
     if drained {
         // Lets the last answers go out and idle connections close; a client holding a
         // stream of its own (a health watch) does not hold the process beyond this.
         match tokio::time::timeout(FLUSH_GRACE, &mut server).await {
-            Ok(served) => served?,
+            Ok(result) => served = result,
             Err(_) => info!("connections still open after the drain; closing them"),
         }
         info!("toolgate stopped");
@@ -283,7 +370,10 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             "the drain timeout passed with calls still running; they are abandoned and the next start records them as outcome_unknown"
         );
     }
-    Ok(())
+    // Commits what is queued and, on SQLite, folds the write-ahead log into the database and
+    // empties it; an abandoned call's later write fails and its row stays `running`.
+    store.close().await;
+    Ok(served?)
 }
 
 /// How long, after the last call has finished, the server may take to send the last answers
@@ -350,6 +440,30 @@ async fn bootstrap_admin_token(
         "created the first admin token in {} (readable only by you); `toolgate admin` reads it from there",
         path.display()
     ));
+    Ok(())
+}
+
+/// Refuses a file holding secrets (`what`: "key file", "admin token file", ...) when the group
+/// or others have any access to it, naming the command that fixes it, as ssh refuses a
+/// private key others can read. A missing file is not refused here.
+pub(crate) fn refuse_shared_file(path: &Path, what: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => {
+            return Err(error)
+                .with_context(|| format!("cannot read the permissions of {}", path.display()));
+        }
+    };
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "the {what} {} has mode {mode:04o}, so other users can read it: run `chmod 600 {}`, then try again",
+            path.display(),
+            path.display()
+        );
+    }
     Ok(())
 }
 

@@ -844,7 +844,7 @@ impl AdminService for AdminApi {
         let (rewrapped, skipped) = self
             .0
             .keys
-            .rewrap(&self.actor(&caller))
+            .rewrap(&self.actor(&caller), &self.0.engine)
             .await
             .map_err(key_status)?;
         Ok(Response::new(pb::RewrapSecretsResponse {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use toolgate_core::AuditKeys;
 use toolgate_ledger::{PgOptions, PgStore, SqliteStore, Store};
 
 /// `storage.database` (and `storage.schema`), validated.
@@ -45,11 +46,12 @@ impl Database {
         Ok(Database::Sqlite(PathBuf::from(path)))
     }
 
-    /// Opens (creating and migrating as needed) the store.
-    pub(crate) async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+    /// Opens (creating and migrating as needed) the store; its audit events are MAC'd with
+    /// `keys`.
+    pub(crate) async fn open(&self, keys: Arc<dyn AuditKeys>) -> anyhow::Result<Arc<dyn Store>> {
         match self {
             Database::Sqlite(path) => {
-                let store = SqliteStore::open(path)
+                let store = SqliteStore::open_keyed(path, keys)
                     .await
                     .with_context(|| format!("cannot open the ledger at {}", path.display()))?;
                 Ok(Arc::new(store))
@@ -59,7 +61,7 @@ impl Database {
                     url: url.clone(),
                     schema: schema.clone(),
                 };
-                let store = PgStore::connect(&options)
+                let store = PgStore::connect_keyed(&options, keys)
                     .await
                     .with_context(|| format!("cannot open the ledger at {self}"))?;
                 Ok(Arc::new(store))
@@ -69,16 +71,31 @@ impl Database {
 
     /// Opens the store to read it beside a gateway that may be running on it: a SQLite file
     /// read-only (no lock, no migration, no writes); PostgreSQL as usual (it has no single
-    /// owner).
-    pub(crate) async fn open_for_reading(&self) -> anyhow::Result<Arc<dyn Store>> {
+    /// owner). Verification checks event MACs with `keys` (`None`: it says what it could not
+    /// check).
+    pub(crate) async fn open_for_reading(
+        &self,
+        keys: Option<Arc<dyn AuditKeys>>,
+    ) -> anyhow::Result<Arc<dyn Store>> {
         match self {
             Database::Sqlite(path) => {
-                let store = SqliteStore::open_read_only(path)
+                let store = SqliteStore::open_read_only_with(path, keys)
                     .await
                     .with_context(|| format!("cannot read the ledger at {}", path.display()))?;
                 Ok(Arc::new(store))
             }
-            Database::Postgres { .. } => self.open().await,
+            Database::Postgres { url, schema } => {
+                let options = PgOptions {
+                    url: url.clone(),
+                    schema: schema.clone(),
+                };
+                let store = match keys {
+                    Some(keys) => PgStore::connect_keyed(&options, keys).await,
+                    None => PgStore::connect(&options).await,
+                }
+                .with_context(|| format!("cannot open the ledger at {self}"))?;
+                Ok(Arc::new(store))
+            }
         }
     }
 }

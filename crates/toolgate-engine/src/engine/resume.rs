@@ -7,8 +7,19 @@ use std::sync::Arc;
 use serde_json::json;
 use toolgate_core::{Decision, ErrorCode, RunId, ToolCallStatus, ToolError};
 use toolgate_ledger::{
-    NewAuditEvent, PendingInvocation, PendingOrigin, PendingState, ResolvePending, ToolCallRecord,
+    NewAuditEvent, PendingArguments, PendingInvocation, PendingOrigin, PendingState,
+    ResolvePending, ToolCallRecord,
 };
+
+/// What sealed pending arguments are bound to, with the tenant and the call id: a re-pended
+/// row (a new id, the same call) carries the same sealed text.
+const PENDING_CONTEXT: &str = "pending_arguments";
+
+fn pending_context(call: &ToolCallRecord) -> [&str; 3] {
+    [PENDING_CONTEXT, call.tenant.as_str(), call.id.as_str()]
+}
+
+use tracing::warn;
 
 use super::Engine;
 use crate::error::EngineError;
@@ -308,7 +319,14 @@ impl Engine {
                 return self.reject(request, &pending, &call, &message, false).await;
             }
         };
-        if let Err(message) = self.catalog.validate(&pending.tool, &pending.arguments) {
+        let arguments = match self.open_pending_arguments(&pending) {
+            Ok(arguments) => arguments,
+            Err(message) => {
+                let message = format!("cannot execute the approved call: {message}");
+                return self.reject(request, &pending, &call, &message, false).await;
+            }
+        };
+        if let Err(message) = self.catalog.validate(&pending.tool, &arguments) {
             let message = format!("cannot execute the approved call: {message}");
             return self.reject(request, &pending, &call, &message, false).await;
         }
@@ -347,20 +365,128 @@ impl Engine {
             .min(self.config.max_timeout);
         let verdict = (pending.decision, call.risk_level.unwrap_or(spec.risk));
         let outcome = self
-            .run_connector(
-                &call,
-                &spec,
-                connector,
-                pending.arguments.clone(),
-                timeout,
-                verdict,
-            )
+            .run_connector(&call, &spec, connector, arguments, timeout, verdict)
             .await?;
         if may_run_again(outcome.status, spec.idempotent) {
             self.repend_after_failure(&pending, &call, &outcome.error)
                 .await?;
         }
         Ok(ResumeOutcome::Executed(outcome))
+    }
+
+    /// Seals a suspended call's arguments for the pending row; in clear only when the engine
+    /// has no sealer (library use: the gateway always configures one).
+    pub(super) fn seal_pending_arguments(
+        &self,
+        call: &ToolCallRecord,
+        arguments: &serde_json::Value,
+    ) -> PendingArguments {
+        let Some(sealer) = &self.sealer else {
+            return PendingArguments::Clear(arguments.clone());
+        };
+        let plaintext = zeroize::Zeroizing::new(arguments.to_string());
+        let sealed = sealer.seal(&pending_context(call), plaintext.as_bytes());
+        PendingArguments::Sealed {
+            key_id: sealer.key_id_of(&sealed).unwrap_or_default(),
+            sealed,
+        }
+    }
+
+    /// Re-seals the arguments of every pending invocation not sealed under `active` (the
+    /// ring's active key), so the old key can be retired without losing a call an approval
+    /// would run, and seals those still in clear (rows written before arguments were
+    /// sealed). Returns how many were sealed and how many were skipped (decided meanwhile,
+    /// or not opening: those are logged and keep their old key).
+    pub async fn rewrap_pending_arguments(&self, active: &str) -> Result<(u64, u64), EngineError> {
+        let Some(sealer) = &self.sealer else {
+            return Ok((0, 0));
+        };
+        let (mut rewrapped, mut skipped) = (0, 0);
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            let batch = self
+                .store
+                .list_pending_sealed_not_under(active, 200)
+                .await?;
+            let fresh: Vec<PendingInvocation> = batch
+                .into_iter()
+                .filter(|pending| seen.insert((pending.tenant.clone(), pending.id.clone())))
+                .collect();
+            if fresh.is_empty() {
+                return Ok((rewrapped, skipped));
+            }
+            for pending in fresh {
+                let context = [
+                    PENDING_CONTEXT,
+                    pending.tenant.as_str(),
+                    pending.tool_call_id.as_str(),
+                ];
+                let (expected, plaintext) = match &pending.arguments {
+                    PendingArguments::Sealed { sealed, .. } => {
+                        match sealer.open(&context, sealed) {
+                            Ok(plaintext) => (Some(sealed.as_str()), plaintext),
+                            Err(error) => {
+                                warn!(pending_invocation_id = %pending.id, %error, "pending arguments do not open; they keep their key");
+                                skipped += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    PendingArguments::Clear(value) => (
+                        None,
+                        zeroize::Zeroizing::new(value.to_string().into_bytes()),
+                    ),
+                    PendingArguments::Dropped => continue,
+                };
+                let resealed = sealer.seal(&context, &plaintext);
+                let key_id = sealer.key_id_of(&resealed).unwrap_or_default();
+                let replaced = self
+                    .store
+                    .replace_pending_arguments(
+                        &pending.tenant,
+                        &pending.id,
+                        expected,
+                        &resealed,
+                        &key_id,
+                    )
+                    .await?;
+                if replaced {
+                    rewrapped += 1;
+                } else {
+                    skipped += 1;
+                }
+            }
+        }
+    }
+
+    /// The arguments an approval executes with, or why they cannot be had.
+    fn open_pending_arguments(
+        &self,
+        pending: &PendingInvocation,
+    ) -> Result<serde_json::Value, String> {
+        match &pending.arguments {
+            PendingArguments::Clear(value) => Ok(value.clone()),
+            PendingArguments::Dropped => {
+                Err("the gateway did not keep this call's arguments".to_owned())
+            }
+            PendingArguments::Sealed { sealed, .. } => {
+                let Some(sealer) = &self.sealer else {
+                    return Err(
+                        "the arguments are sealed and this gateway has no master keys".to_owned(),
+                    );
+                };
+                let context = [
+                    PENDING_CONTEXT,
+                    pending.tenant.as_str(),
+                    pending.tool_call_id.as_str(),
+                ];
+                let plaintext = sealer
+                    .open(&context, sealed)
+                    .map_err(|error| format!("the sealed arguments do not open: {error}"))?;
+                serde_json::from_slice(&plaintext)
+                    .map_err(|error| format!("the sealed arguments are not JSON: {error}"))
+            }
+        }
     }
 
     /// An approved execution failed without acting: a fresh pending row (origin

@@ -80,9 +80,17 @@ async fn a_failed_call_replays_its_original_error(backend: Backend) {
     assert!(again.replayed);
     assert_eq!(again.error, first.error);
     assert_eq!(again.attempts, first.attempts);
-    // An execution that started is final: the replay did not run the connector again.
+    // An execution that started is final: the replay did not run the connector again (a
+    // second execution would have recorded a second outcome, and been a new evaluation).
     let row = h.ledger_row(&first).await;
     assert_eq!(row.evaluation, 1);
+    let outcomes = h
+        .event_kinds()
+        .await
+        .iter()
+        .filter(|kind| *kind == "tool_call.failed")
+        .count();
+    assert_eq!(outcomes, 1, "the connector ran once");
 }
 on_both_ledgers!(a_failed_call_replays_its_original_error);
 

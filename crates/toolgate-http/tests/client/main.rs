@@ -22,6 +22,7 @@ fn config(server: &MockServer) -> VendorConfig {
         base: Duration::from_millis(5),
         cap: Duration::from_millis(50),
         retry_statuses: vec![500, 502, 503, 504],
+        retry_throttled: true,
         budget: RetryBudget::default(),
     };
     config

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use serde_json::json;
 use sqlx::Row;
 use sqlx::postgres::PgConnection;
-use toolgate_core::{ErrorCode, ToolCallStatus};
+use toolgate_core::{AuditKeys, ErrorCode, ToolCallStatus};
 
-use crate::chain::{GENESIS_HASH, event_hash};
+use crate::chain::GENESIS_HASH;
 use crate::error::LedgerError;
 use crate::model::{
     Agent, CredentialRecord, Permission, RecordOutcome, ResolvePending, RunRecord, Tenant,
@@ -37,30 +37,34 @@ pub(super) struct Link {
     pub(super) chain_seq: i64,
     pub(super) prev_hash: String,
     pub(super) hash: String,
+    /// The master key id whose chain key MAC'd the event; `None` for a legacy hash.
+    pub(super) key_id: Option<String>,
+    /// The event's binding; never with a legacy hash, which would not cover it.
+    pub(super) binding: Option<String>,
 }
 
-/// The next link of `event`'s chain after `heads`, moving the head. `None` when the batch did
-/// not lock that tenant's head (it has none: the tenant does not exist).
-pub(super) fn link(heads: &mut HashMap<String, Head>, event: &PreparedEvent) -> Option<Link> {
-    let head = heads.get_mut(&event.tenant)?;
+/// The next link of `event`'s chain after `heads`, moving the head, MAC'd with `keys` (the
+/// legacy hash without). `Ok(None)` when the batch did not lock that tenant's head (it has
+/// none: the tenant does not exist).
+pub(super) fn link(
+    heads: &mut HashMap<String, Head>,
+    event: &PreparedEvent,
+    keys: Option<&dyn AuditKeys>,
+) -> Result<Option<Link>, LedgerError> {
+    let Some(head) = heads.get_mut(&event.tenant) else {
+        return Ok(None);
+    };
     let chain_seq = head.chain_seq + 1;
-    let hash = event_hash(
-        &head.hash,
-        &event.tenant,
-        chain_seq,
-        &event.kind,
-        event.run.as_deref(),
-        event.tool_call_id.as_deref(),
-        &event.payload,
-        event.at,
-    );
+    let (key_id, hash) = crate::chain::new_link(keys, &head.hash, &event.fields(chain_seq))?;
     let prev_hash = std::mem::replace(&mut head.hash, hash.clone());
     head.chain_seq = chain_seq;
-    Some(Link {
+    Ok(Some(Link {
         chain_seq,
         prev_hash,
+        binding: key_id.as_ref().and(event.binding.clone()),
+        key_id,
         hash,
-    })
+    }))
 }
 
 pub(super) const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, agent, tool, \
@@ -71,8 +75,8 @@ pub(super) const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, a
 
 const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, \
      tool, arguments, args_hash, manifest, policy_version, origin, decision, state, version, \
-     expires_at, created_at, timeout_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
-     $12, $13, $14, $15, $16)";
+     expires_at, created_at, timeout_ms, arguments_sealed, arguments_key_id) VALUES ($1, $2, $3, \
+     $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
 
 /// One operation's view of the writer.
 pub(super) struct Steps<'w> {
@@ -81,6 +85,7 @@ pub(super) struct Steps<'w> {
     /// Heads this operation moved, with the head each replaced, oldest first.
     pub(super) undo: Vec<(String, Head)>,
     pub(super) instance: i64,
+    pub(super) keys: Option<&'w dyn AuditKeys>,
 }
 
 impl Steps<'_> {
@@ -304,6 +309,30 @@ impl Steps<'_> {
                 if changed == 1 {
                     self.append(&event.prepared()).await?;
                 }
+                Ok(Reply::Finished(changed == 1))
+            }
+            OpKind::ReplacePendingArguments {
+                tenant,
+                id,
+                expected,
+                sealed,
+                key_id,
+            } => {
+                let update = sqlx::query(
+                    "UPDATE pending_invocations SET arguments = NULL, arguments_sealed = $1, \
+                     arguments_key_id = $2 WHERE tenant = $3 AND id = $4 AND state = 'pending' \
+                     AND (arguments_sealed = $5 OR ($5 IS NULL AND arguments_sealed IS NULL \
+                     AND arguments IS NOT NULL))",
+                )
+                .bind(sealed)
+                .bind(key_id)
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(expected);
+                let changed = self
+                    .write(update)
+                    .await
+                    .map_err(|error| unexpected(&error))?;
                 Ok(Reply::Finished(changed == 1))
             }
         }
@@ -741,22 +770,35 @@ impl Steps<'_> {
             .await
             .map_err(|error| unexpected(&error))?;
 
+        // The prepared binding names a decision and a pending invocation that are not
+        // written: the requested events go in without it, and the blocked event binds the
+        // call as it now stands.
         for event in prepared
             .events
             .iter()
             .filter(|event| event.kind == REQUESTED_EVENT)
         {
-            self.append(event).await?;
+            let unbound = PreparedEvent {
+                binding: None,
+                ..event.clone()
+            };
+            self.append(&unbound).await?;
         }
-        let blocked_event = PreparedEvent {
+        let mut blocked_events = vec![PreparedEvent {
             tenant: call.tenant.as_str().to_owned(),
             kind: "tool_call.blocked".to_owned(),
             run: Some(call.run.as_str().to_owned()),
             tool_call_id: Some(call.id.as_str().to_owned()),
             payload: json!({ "reason": "budget_exceeded" }).to_string(),
             at: call.updated_at.0,
-        };
-        self.append(&blocked_event).await?;
+            binding: None,
+        }];
+        crate::binding::Binding::default()
+            .call(&blocked, &prepared.input, None)
+            .attach(&mut blocked_events, call.id.as_str());
+        for event in &blocked_events {
+            self.append(event).await?;
+        }
         Ok(RecordOutcome::BudgetExceeded(blocked))
     }
 
@@ -802,7 +844,8 @@ impl Steps<'_> {
     ) -> Result<bool, Fail> {
         let claim = sqlx::query(
             "UPDATE pending_invocations SET state = $1, version = version + 1, decided_by = $2, \
-             reason = $3, decided_at = $4, arguments = NULL \
+             reason = $3, decided_at = $4, arguments = NULL, arguments_sealed = NULL, \
+             arguments_key_id = NULL \
              WHERE id = $5 AND tenant = $6 AND version = $7 AND state = 'pending' \
              RETURNING tool_call_id, run",
         )
@@ -871,7 +914,9 @@ impl Steps<'_> {
             .bind(record.version)
             .bind(record.expires_at.0)
             .bind(record.created_at.0)
-            .bind(pending.timeout_ms);
+            .bind(pending.timeout_ms)
+            .bind(&pending.arguments_sealed)
+            .bind(&pending.arguments_key_id);
         self.write(insert).await.map_err(|error| {
             write_failure(
                 &error,
@@ -945,14 +990,17 @@ impl Steps<'_> {
                 event.tenant
             ))));
         };
-        let link = link(self.heads, event).ok_or_else(|| {
-            Fail::Fatal(LedgerError::Database(
-                "internal: chain head vanished".into(),
-            ))
-        })?;
+        let link = link(self.heads, event, self.keys)
+            .map_err(Fail::Fatal)?
+            .ok_or_else(|| {
+                Fail::Fatal(LedgerError::Database(
+                    "internal: chain head vanished".into(),
+                ))
+            })?;
         let insert = sqlx::query(
             "INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, payload, at, \
-             prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+             prev_hash, hash, key_id, binding) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&event.tenant)
         .bind(link.chain_seq)
@@ -962,7 +1010,9 @@ impl Steps<'_> {
         .bind(&event.payload)
         .bind(event.at)
         .bind(&link.prev_hash)
-        .bind(&link.hash);
+        .bind(&link.hash)
+        .bind(link.key_id.clone())
+        .bind(link.binding.clone());
         self.undo.push((event.tenant.clone(), previous));
         if let Err(error) = self.write(insert).await {
             return Err(match SqlFailure::classify(&error) {

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row, SqlSafeStr, SqlStr};
 use tokio::sync::mpsc;
+use toolgate_core::AuditKeys;
 use tracing::warn;
 
 use crate::error::LedgerError;
@@ -68,6 +69,8 @@ pub(super) struct Writer {
     heads: HashMap<String, Head>,
     /// The text of each variant of the one-statement batch, built once.
     statements: HashMap<Parts, SqlStr>,
+    /// The keys events are MAC'd with; `None` writes legacy (unkeyed) hashes.
+    keys: Option<Arc<dyn AuditKeys>>,
 }
 
 /// Why a batch failed as a whole.
@@ -79,6 +82,7 @@ enum BatchError {
 }
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)] // The writer's whole state, each part from `connect`.
     pub(super) fn new(
         conn: PgConnection,
         options: PgConnectOptions,
@@ -87,6 +91,7 @@ impl Writer {
         instance: i64,
         channel: String,
         config_channel: String,
+        keys: Option<Arc<dyn AuditKeys>>,
     ) -> Writer {
         Writer {
             conn: Some(conn),
@@ -98,6 +103,7 @@ impl Writer {
             config_channel,
             heads: HashMap::new(),
             statements: HashMap::new(),
+            keys,
         }
     }
 
@@ -364,7 +370,9 @@ impl Writer {
                 _ => return Ok(None),
             };
             for event in events {
-                let Some(link) = link(&mut heads, event) else {
+                let linked =
+                    link(&mut heads, event, self.keys.as_deref()).map_err(BatchError::Failed)?;
+                let Some(link) = linked else {
                     // No head: no such tenant. The slow path says so precisely.
                     return Ok(None);
                 };
@@ -381,10 +389,14 @@ impl Writer {
             .map(|(tenant, _)| before.get(*tenant).map_or(-1, |head| head.chain_seq))
             .collect();
         let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
-        // Bound after the statement's other parameters ($74, $75, $76).
+        // Bound after the statement's other parameters ($74 to $80).
         let finish_answer = std::mem::take(&mut arrays.finish_answer);
         let finish_answer_expires = std::mem::take(&mut arrays.finish_answer_expires);
         let pending_timeout = std::mem::take(&mut arrays.pending_timeout);
+        let event_key_id = std::mem::take(&mut arrays.event_key_id);
+        let event_binding = std::mem::take(&mut arrays.event_binding);
+        let pending_sealed = std::mem::take(&mut arrays.pending_arguments_sealed);
+        let pending_key_ids = std::mem::take(&mut arrays.pending_arguments_key_id);
         let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
         let sql = self
             .statements
@@ -415,7 +427,11 @@ impl Writer {
             .bind(previous)
             .bind(finish_answer)
             .bind(finish_answer_expires)
-            .bind(pending_timeout);
+            .bind(pending_timeout)
+            .bind(event_key_id)
+            .bind(event_binding)
+            .bind(pending_sealed)
+            .bind(pending_key_ids);
         let moved: HashMap<String, Head> = moved
             .into_iter()
             .map(|(tenant, head)| (tenant.clone(), head.clone()))
@@ -461,6 +477,7 @@ impl Writer {
         let mut moved: HashSet<String> = HashSet::new();
         let mut config_changed = false;
         let instance = self.instance;
+        let keys = self.keys.clone();
         for op in ops {
             if matches!(
                 op,
@@ -475,6 +492,7 @@ impl Writer {
                 heads: &mut heads,
                 undo: Vec::new(),
                 instance,
+                keys: keys.as_deref(),
             };
             let result = steps.apply(op).await;
             let undo = steps.undo;
@@ -736,11 +754,11 @@ impl Parts {
             ctes.push(
                 "p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, \
                  arguments, args_hash, manifest, policy_version, origin, decision, state, \
-                 version, expires_at, created_at, timeout_ms) \
+                 version, expires_at, created_at, timeout_ms, arguments_sealed, arguments_key_id) \
                  SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], \
                  $39::text[], $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], \
                  $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[], \
-                 $76::bigint[]) \
+                 $76::bigint[], $79::text[], $80::text[]) \
                  RETURNING 1)",
             );
         }
@@ -769,13 +787,14 @@ impl Parts {
         let heads = if self.events {
             ctes.push(
                 "e AS (INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, \
-                 payload, at, prev_hash, hash) \
+                 payload, at, prev_hash, hash, key_id, binding) \
                  SELECT w.tenant, w.chain_seq, w.kind, w.run, w.tool_call_id, w.payload, w.at, \
-                 w.prev_hash, w.hash \
+                 w.prev_hash, w.hash, w.key_id, w.binding \
                  FROM UNNEST($59::text[], $60::bigint[], $61::text[], $62::text[], $63::text[], \
-                 $64::text[], $65::bigint[], $66::text[], $67::text[]) WITH ORDINALITY \
+                 $64::text[], $65::bigint[], $66::text[], $67::text[], $77::text[], \
+                 $78::text[]) WITH ORDINALITY \
                  AS w(tenant, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, \
-                 ord) ORDER BY w.ord RETURNING 1)",
+                 key_id, binding, ord) ORDER BY w.ord RETURNING 1)",
             );
             ctes.push(
                 "h AS (UPDATE audit_heads SET chain_seq = y.chain_seq, hash = y.hash \
@@ -846,7 +865,7 @@ struct Bulk {
     pending_run: Vec<String>,
     pending_call: Vec<String>,
     pending_tool: Vec<String>,
-    pending_arguments: Vec<String>,
+    pending_arguments: Vec<Option<String>>,
     pending_args_hash: Vec<String>,
     pending_manifest: Vec<String>,
     pending_policy_version: Vec<i64>,
@@ -858,6 +877,9 @@ struct Bulk {
     pending_created: Vec<i64>,
     /// Bound last ($76): it came after the other parameters were numbered.
     pending_timeout: Vec<Option<i64>>,
+    /// Bound last ($79, $80).
+    pending_arguments_sealed: Vec<Option<String>>,
+    pending_arguments_key_id: Vec<Option<String>>,
     finish_id: Vec<String>,
     finish_tenant: Vec<String>,
     finish_status: Vec<String>,
@@ -878,6 +900,9 @@ struct Bulk {
     event_at: Vec<i64>,
     event_prev: Vec<String>,
     event_hash: Vec<String>,
+    /// Bound last ($77, $78).
+    event_key_id: Vec<Option<String>>,
+    event_binding: Vec<Option<String>>,
     event_tenants: HashSet<String>,
 }
 
@@ -963,6 +988,10 @@ impl Bulk {
             self.pending_expires.push(record.expires_at.0);
             self.pending_created.push(record.created_at.0);
             self.pending_timeout.push(pending.timeout_ms);
+            self.pending_arguments_sealed
+                .push(pending.arguments_sealed.clone());
+            self.pending_arguments_key_id
+                .push(pending.arguments_key_id.clone());
         }
     }
 
@@ -993,6 +1022,8 @@ impl Bulk {
         self.event_at.push(event.at);
         self.event_prev.push(link.prev_hash);
         self.event_hash.push(link.hash);
+        self.event_key_id.push(link.key_id);
+        self.event_binding.push(link.binding);
     }
 
     /// Binds parameters $1 to $67 in order.

@@ -19,6 +19,8 @@ pub(super) type SqlQuery = Query<'static, Sqlite, SqliteArguments>;
 pub(super) struct ChainLink {
     pub(super) chain_seq: i64,
     pub(super) prev_hash: String,
+    /// The master key id whose chain key MAC'd the event; `None` for a legacy hash.
+    pub(super) key_id: Option<String>,
     pub(super) hash: String,
 }
 
@@ -46,18 +48,19 @@ pub(super) const INSERT_DECISION: &str = "INSERT INTO policy_decisions (id, tena
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub(super) const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, \
-     tool_call_id, tool, arguments, args_hash, manifest, policy_version, origin, decision, state, \
-     version, expires_at, created_at, timeout_ms) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+     tool_call_id, tool, arguments, arguments_sealed, arguments_key_id, args_hash, manifest, \
+     policy_version, origin, decision, state, version, expires_at, created_at, timeout_ms) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub(super) const INSERT_EVENT: &str = "INSERT INTO audit_events (tenant, chain_seq, kind, run, \
-     tool_call_id, payload, at, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
+     tool_call_id, payload, at, prev_hash, hash, key_id, binding) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// [`INSERT_EVENT`] that inserts only when the previous statement changed exactly one row, so a
 /// chain of them after an UPDATE writes all events or none.
 pub(super) const INSERT_EVENT_IF_CHANGED: &str = "INSERT INTO audit_events (tenant, chain_seq, \
-     kind, run, tool_call_id, payload, at, prev_hash, hash) \
-     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE changes() = 1";
+     kind, run, tool_call_id, payload, at, prev_hash, hash, key_id, binding) \
+     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE changes() = 1";
 
 /// Moves a running call to its terminal status; returns a row only when it did.
 pub(super) const FINISH_RUNNING: &str = "UPDATE tool_calls SET status = ?, output_redacted = ?, \
@@ -137,6 +140,8 @@ pub(super) fn bind_pending(query: SqlQuery, pending: &PreparedPending) -> SqlQue
         .bind(record.tool_call_id.as_str().to_owned())
         .bind(record.tool.as_str().to_owned())
         .bind(pending.arguments.clone())
+        .bind(pending.arguments_sealed.clone())
+        .bind(pending.arguments_key_id.clone())
         .bind(record.args_hash.clone())
         .bind(pending.manifest.clone())
         .bind(record.policy_version)
@@ -160,6 +165,9 @@ pub(super) fn bind_event(query: SqlQuery, event: &PreparedEvent, link: &ChainLin
         .bind(event.at)
         .bind(link.prev_hash.clone())
         .bind(link.hash.clone())
+        .bind(link.key_id.clone())
+        // A legacy hash does not cover the binding, so none is stored with it.
+        .bind(link.key_id.as_ref().and(event.binding.clone()))
 }
 
 pub(super) fn bind_finish(query: SqlQuery, prepared: &PreparedFinish) -> SqlQuery {
@@ -263,15 +271,15 @@ impl RowKind {
             ),
             RowKind::InsertPending => (
                 "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, arguments, \
-                 args_hash, manifest, policy_version, origin, decision, state, version, \
-                 expires_at, created_at, timeout_ms) VALUES ",
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 arguments_sealed, arguments_key_id, args_hash, manifest, policy_version, origin, \
+                 decision, state, version, expires_at, created_at, timeout_ms) VALUES ",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 "",
             ),
             RowKind::InsertEvents => (
                 "INSERT INTO audit_events (tenant, chain_seq, kind, run, tool_call_id, payload, \
-                 at, prev_hash, hash) VALUES ",
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 at, prev_hash, hash, key_id, binding) VALUES ",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 "",
             ),
             RowKind::FinishRunning => (

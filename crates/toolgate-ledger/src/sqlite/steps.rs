@@ -15,7 +15,6 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 use toolgate_core::{ErrorCode, ToolCallStatus};
 
-use crate::chain::event_hash;
 use crate::error::LedgerError;
 use crate::model::ResolvePending;
 use crate::model::{
@@ -38,6 +37,7 @@ const REQUESTED_EVENT: &str = "tool_call.requested";
 pub(super) struct Steps<'w> {
     pub(super) conn: &'w mut SqliteConnection,
     pub(super) heads: &'w mut HashMap<String, Head>,
+    pub(super) keys: Option<&'w dyn toolgate_core::AuditKeys>,
     /// Chain heads this operation moved, each with the head it replaced, oldest first; the
     /// writer restores them if the operation is rolled back and records them as moved if not.
     pub(super) undo: Vec<(String, Head)>,
@@ -237,6 +237,34 @@ impl Steps<'_> {
                 }
                 Ok(Reply::Finished(changed == 1))
             }
+            OpKind::ReplacePendingArguments {
+                tenant,
+                id,
+                expected,
+                sealed,
+                key_id,
+            } => {
+                let update = sqlx::query(
+                    "UPDATE pending_invocations SET arguments = NULL, arguments_sealed = ?, \
+                     arguments_key_id = ? WHERE tenant = ? AND id = ? AND state = 'pending' \
+                     AND (arguments_sealed = ? OR (? IS NULL AND arguments_sealed IS NULL \
+                     AND arguments IS NOT NULL))",
+                )
+                .bind(sealed.clone())
+                .bind(key_id.clone())
+                .bind(tenant.as_str().to_owned())
+                .bind(id.clone())
+                .bind(expected.clone())
+                .bind(expected.clone());
+                let changed = self.write(update).await.map_err(|error| {
+                    write_failure(
+                        &error,
+                        || format!("pending invocation {id}"),
+                        || LedgerError::Database("unexpected foreign key failure".into()),
+                    )
+                })?;
+                Ok(Reply::Finished(changed == 1))
+            }
         }
     }
 
@@ -249,7 +277,8 @@ impl Steps<'_> {
     ) -> Result<bool, Fail> {
         let claim = sqlx::query(
             "UPDATE pending_invocations SET state = ?, version = version + 1, decided_by = ?, \
-             reason = ?, decided_at = ?, arguments = NULL \
+             reason = ?, decided_at = ?, arguments = NULL, arguments_sealed = NULL, \
+             arguments_key_id = NULL \
              WHERE id = ? AND tenant = ? AND version = ? AND state = 'pending' \
              RETURNING tool_call_id, run",
         )
@@ -823,22 +852,35 @@ impl Steps<'_> {
             )
         })?;
 
+        // The prepared binding names a decision and a pending invocation that are not
+        // written: the requested events go in without it, and the blocked event binds the
+        // call as it now stands.
         for event in prepared
             .events
             .iter()
             .filter(|event| event.kind == REQUESTED_EVENT)
         {
-            self.append(event).await?;
+            let unbound = PreparedEvent {
+                binding: None,
+                ..event.clone()
+            };
+            self.append(&unbound).await?;
         }
-        let blocked_event = PreparedEvent {
+        let mut blocked_events = vec![PreparedEvent {
             tenant: call.tenant.as_str().to_owned(),
             kind: "tool_call.blocked".to_owned(),
             run: Some(call.run.as_str().to_owned()),
             tool_call_id: Some(call.id.as_str().to_owned()),
             payload: json!({ "reason": "budget_exceeded" }).to_string(),
             at: call.updated_at.0,
-        };
-        self.append(&blocked_event).await?;
+            binding: None,
+        }];
+        crate::binding::Binding::default()
+            .call(&blocked, &prepared.input, None)
+            .attach(&mut blocked_events, call.id.as_str());
+        for event in &blocked_events {
+            self.append(event).await?;
+        }
         Ok(RecordOutcome::BudgetExceeded(blocked))
     }
 
@@ -864,18 +906,14 @@ impl Steps<'_> {
     /// Appends one event to its tenant's chain.
     async fn append(&mut self, event: &PreparedEvent) -> Result<(), Fail> {
         let previous = load_head(self.conn, self.heads, &event.tenant).await?;
+        let chain_seq = previous.chain_seq + 1;
+        let (key_id, hash) =
+            crate::chain::new_link(self.keys, &previous.hash, &event.fields(chain_seq))
+                .map_err(Fail::Fatal)?;
         let link = ChainLink {
-            chain_seq: previous.chain_seq + 1,
-            hash: event_hash(
-                &previous.hash,
-                &event.tenant,
-                previous.chain_seq + 1,
-                &event.kind,
-                event.run.as_deref(),
-                event.tool_call_id.as_deref(),
-                &event.payload,
-                event.at,
-            ),
+            chain_seq,
+            hash,
+            key_id,
             prev_hash: previous.hash.clone(),
         };
         let insert = bind_event(sqlx::query(INSERT_EVENT), event, &link);

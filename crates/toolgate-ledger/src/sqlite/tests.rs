@@ -445,3 +445,85 @@ async fn a_read_only_open_of_an_unmigrated_file_says_what_is_wrong() {
         "nothing written"
     );
 }
+
+// --- at rest -----------------------------------------------------------------------------------
+
+/// Whether `needle` occurs in the raw bytes of the database or its write-ahead log.
+fn on_disk(path: &Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for suffix in ["", "-wal", "-shm"] {
+        let file = format!("{}{suffix}", path.display());
+        let Ok(bytes) = std::fs::read(&file) else {
+            continue;
+        };
+        if bytes
+            .windows(needle.len())
+            .any(|window| window == needle.as_bytes())
+        {
+            found.push(file);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_decision_clears_is_gone_from_the_files_once_the_store_closes() {
+    let db = seeded(Backend::Sqlite, 10).await;
+    let path = db.sqlite_path();
+    let marker = "clear-arguments-marker-7f3e9a";
+    let mut call = waiting_call("acme", "call-p", Some("use-p"));
+    call.pending.as_mut().unwrap().arguments =
+        // Long, so the smaller row that replaces it leaves most of its bytes as free space,
+        // and first (keys are sorted), so the new row, written at the end of that space,
+        // does not cover it.
+        PendingArguments::Clear(serde_json::json!({ "marker": marker, "pad": "p".repeat(600) }));
+    db.store().record_call(call).await.unwrap();
+    // A row written after it shares its page, so the page is not rebuilt when it shrinks.
+    db.store()
+        .record_call(waiting_call("acme", "call-q", Some("use-q")))
+        .await
+        .unwrap();
+    assert!(
+        !on_disk(&path, marker).is_empty(),
+        "the test's marker is written where it can be seen"
+    );
+    assert!(
+        db.store()
+            .resolve_pending(decide("call-p", 1, false, "ops"))
+            .await
+            .unwrap()
+    );
+    // A reader holds a connection, as in a running gateway: the writer's is not the last to
+    // close, so SQLite's own checkpoint on the last close does not run.
+    db.store()
+        .get_pending(&tenant_id("acme"), "pend-call-p")
+        .await
+        .unwrap();
+    db.close().await;
+    assert_eq!(
+        on_disk(&path, marker),
+        Vec::<String>::new(),
+        "secure_delete zeroes what the decision cleared, and closing folds the log into the database and empties it"
+    );
+    let wal = std::fs::metadata(format!("{}-wal", path.display()));
+    assert!(
+        wal.as_ref().map_or(true, |meta| meta.len() == 0),
+        "the write-ahead log is truncated at close: {wal:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_files_are_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let db = seeded(Backend::Sqlite, 10).await;
+    let path = db.sqlite_path();
+    for suffix in ["", "-wal", "-shm", ".lock"] {
+        let file = format!("{}{suffix}", path.display());
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{file} has mode {mode:04o}");
+    }
+    db.close().await;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let refused = SqliteStore::open(&path).await.unwrap_err().to_string();
+    assert!(refused.contains("chmod 600"), "{refused}");
+}

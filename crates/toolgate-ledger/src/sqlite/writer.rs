@@ -42,9 +42,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, Row, SqlStr};
 use tokio::sync::{mpsc, oneshot};
+use toolgate_core::AuditKeys;
 use tracing::warn;
 
-use crate::chain::{GENESIS_HASH, event_hash};
+use crate::chain::GENESIS_HASH;
 use crate::error::LedgerError;
 use crate::model::RecordOutcome;
 use crate::ops::{Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp};
@@ -94,6 +95,8 @@ pub(super) struct Writer {
     counters: Arc<Counters>,
     /// The file's one-owner lock, released once the connection is closed.
     owner: Option<OwnerLock>,
+    /// The keys events are MAC'd with; `None` writes legacy (unkeyed) hashes.
+    pub(super) keys: Option<Arc<dyn AuditKeys>>,
 }
 
 /// The newest event of a tenant's chain; `chain_seq` 0 with the genesis hash for an empty chain.
@@ -109,6 +112,7 @@ impl Writer {
         rx: mpsc::Receiver<Command>,
         counters: Arc<Counters>,
         owner: OwnerLock,
+        keys: Option<Arc<dyn AuditKeys>>,
     ) -> Writer {
         Writer {
             conn,
@@ -118,6 +122,7 @@ impl Writer {
             shapes: HashMap::new(),
             counters,
             owner: Some(owner),
+            keys,
         }
     }
 
@@ -148,6 +153,21 @@ impl Writer {
             if !ops.is_empty() {
                 self.commit_batch(ops).await;
             }
+        }
+        // What the log holds is copied into the database and the log emptied, so no page an
+        // update or delete overwrote stays readable in it after the gateway stops.
+        match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(&mut self.conn)
+            .await
+        {
+            Ok((0, _, _)) => {}
+            Ok((_, log, done)) => {
+                warn!(
+                    log,
+                    done, "the write-ahead log could not be truncated: a reader was busy"
+                );
+            }
+            Err(error) => warn!(%error, "checkpointing the write-ahead log failed"),
         }
         if let Err(error) = self.conn.close().await {
             warn!(%error, "closing the ledger write connection failed");
@@ -404,6 +424,7 @@ impl Writer {
         Steps {
             conn: &mut self.conn,
             heads: &mut self.heads,
+            keys: self.keys.as_deref(),
             undo: Vec::new(),
         }
     }
@@ -559,16 +580,12 @@ impl Writer {
             None => load_head(&mut self.conn, &mut self.heads, &event.tenant).await?,
         };
         let chain_seq = previous.chain_seq + 1;
-        let hash = event_hash(
+        let (key_id, hash) = crate::chain::new_link(
+            self.keys.as_deref(),
             &previous.hash,
-            &event.tenant,
-            chain_seq,
-            &event.kind,
-            event.run.as_deref(),
-            event.tool_call_id.as_deref(),
-            &event.payload,
-            event.at,
-        );
+            &event.fields(chain_seq),
+        )
+        .map_err(Fail::Fatal)?;
         heads.insert(
             event.tenant.clone(),
             Head {
@@ -579,6 +596,7 @@ impl Writer {
         Ok(ChainLink {
             chain_seq,
             prev_hash: previous.hash,
+            key_id,
             hash,
         })
     }

@@ -392,12 +392,8 @@ on_both_backends! {
         let report = store.verify_chains().await.unwrap();
         let total: usize = lengths(&db, backend, &chains).await.iter().sum();
         assert_eq!(
-            report,
-            VerifyReport {
-                events_checked: u64::try_from(total).unwrap(),
-                chains_checked: 3,
-                first_problem: None,
-            }
+            (report.events_checked, report.chains_checked, report.first_problem.clone()),
+            (u64::try_from(total).unwrap(), 3, None)
         );
     }
 }

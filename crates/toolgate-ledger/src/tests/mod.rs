@@ -11,6 +11,7 @@
 
 mod admin;
 mod errors;
+mod keyed;
 mod replays;
 mod store;
 
@@ -94,6 +95,92 @@ impl Db {
         match backend {
             Backend::Sqlite => Db::sqlite().await,
             Backend::Pg => Db::pg().await,
+        }
+    }
+
+    /// A fresh store whose audit events are MAC'd with `keys`.
+    pub(crate) async fn keyed(backend: Backend, keys: Arc<dyn toolgate_core::AuditKeys>) -> Db {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let store = SqliteStore::open_keyed(&dir.path().join("ledger.db"), keys)
+                    .await
+                    .expect("open store");
+                Db {
+                    handle: Handle::Sqlite(Arc::new(store)),
+                    place: Place::Sqlite(dir),
+                }
+            }
+            Backend::Pg => {
+                let schema = PgSchema::fresh();
+                let store = schema.open_keyed(keys).await;
+                Db {
+                    handle: Handle::Pg(Arc::new(store)),
+                    place: Place::Pg(schema),
+                }
+            }
+        }
+    }
+
+    /// Which backend holds the data.
+    pub(crate) fn backend(&self) -> Backend {
+        match &self.place {
+            Place::Sqlite(_) => Backend::Sqlite,
+            Place::Pg(_) => Backend::Pg,
+        }
+    }
+
+    /// Closes the store and opens the same data again with `keys`.
+    pub(crate) async fn reopen_keyed(self, keys: Arc<dyn toolgate_core::AuditKeys>) -> Db {
+        self.close().await;
+        let Db { handle, place } = self;
+        drop(handle);
+        let handle = match &place {
+            Place::Sqlite(dir) => {
+                let path = dir.path().join("ledger.db");
+                let started = std::time::Instant::now();
+                let store = loop {
+                    match SqliteStore::open_keyed(&path, Arc::clone(&keys)).await {
+                        Ok(store) => break store,
+                        Err(LedgerError::InUse(_)) if started.elapsed() < HANG => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(error) => panic!("reopen store: {error}"),
+                    }
+                };
+                Handle::Sqlite(Arc::new(store))
+            }
+            Place::Pg(schema) => Handle::Pg(Arc::new(schema.open_keyed(keys).await)),
+        };
+        Db { handle, place }
+    }
+
+    /// Runs `statements` in order on one plain connection to the data (the store must be
+    /// closed for SQLite), as an operator or an attacker would.
+    pub(crate) async fn raw_statements(&self, statements: &[String]) {
+        match &self.place {
+            Place::Sqlite(dir) => {
+                let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(dir.path().join("ledger.db"))
+                    .connect()
+                    .await
+                    .expect("raw connection");
+                for sql in statements {
+                    conn.execute(sqlx::AssertSqlSafe(sql.clone()))
+                        .await
+                        .unwrap_or_else(|error| panic!("`{sql}`: {error}"));
+                }
+                conn.close().await.expect("close raw connection");
+            }
+            Place::Pg(schema) => {
+                let mut conn = schema.raw().await;
+                for sql in statements {
+                    conn.execute(sqlx::AssertSqlSafe(sql.clone()))
+                        .await
+                        .unwrap_or_else(|error| panic!("`{sql}`: {error}"));
+                }
+                conn.close().await.expect("close raw connection");
+            }
         }
     }
 
@@ -313,6 +400,15 @@ impl PgSchema {
     /// replica, when the schema already has one.
     pub(crate) async fn open(&self) -> PgStore {
         let store = PgStore::connect(&self.options())
+            .await
+            .unwrap_or_else(|error| panic!("{}", no_postgres(&self.url, &error.to_string())));
+        self.created.store(true, Ordering::Relaxed);
+        store
+    }
+
+    /// Like [`PgSchema::open`], MAC'ing audit events with `keys`.
+    pub(crate) async fn open_keyed(&self, keys: Arc<dyn toolgate_core::AuditKeys>) -> PgStore {
+        let store = PgStore::connect_keyed(&self.options(), keys)
             .await
             .unwrap_or_else(|error| panic!("{}", no_postgres(&self.url, &error.to_string())));
         self.created.store(true, Ordering::Relaxed);
@@ -625,7 +721,10 @@ pub(crate) fn pending(tenant: &str, call: &str) -> PendingInvocation {
         run: run_id("run-1"),
         tool_call_id: call_id(call),
         tool: tool("slack.post_message"),
-        arguments: json!({ "channel": "#ops", "text": "deploy" }),
+        arguments: PendingArguments::Sealed {
+            key_id: "k1".to_owned(),
+            sealed: "tgs1.k1.sealed-arguments".to_owned(),
+        },
         args_hash: "cd".repeat(32),
         manifest: vec![tool("slack.post_message")],
         policy_version: 1,

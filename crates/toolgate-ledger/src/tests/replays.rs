@@ -297,6 +297,12 @@ async fn sqlite_migration_keeps_existing_runs() {
         }
         conn.close().await.unwrap();
     }
+    // A file the old version created keeps the mode SQLite gave it; its owner makes it
+    // private, as the refusal to open it otherwise says.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let store = SqliteStore::open(&path).await.unwrap();
     check_migrated(&store).await;
     // The rebuilt table kept its foreign keys: a call of a run that does not exist is refused.

@@ -789,7 +789,11 @@ on_both_backends! {
         assert_eq!(listed.len(), 1);
         assert_eq!(
             listed[0].arguments,
-            json!({ "channel": "#ops", "text": "deploy" })
+            PendingArguments::Sealed {
+            key_id: "k1".to_owned(),
+            sealed: "tgs1.k1.sealed-arguments".to_owned(),
+        },
+            "sealed arguments are stored and read back as they were given"
         );
         let filtered = PendingFilter {
             run: Some(run_id("other")),
@@ -829,7 +833,7 @@ on_both_backends! {
         assert_eq!(row.version, observed + 1);
         assert_eq!(
             row.arguments,
-            serde_json::Value::Null,
+            PendingArguments::Dropped,
             "arguments are dropped once decided"
         );
         assert!(
@@ -1028,12 +1032,8 @@ on_both_backends! {
         let db = two_chains(backend).await;
         let report = db.store().verify_chains().await.unwrap();
         assert_eq!(
-            report,
-            VerifyReport {
-                events_checked: 11,
-                chains_checked: 2,
-                first_problem: None,
-            }
+            (report.events_checked, report.chains_checked, report.first_problem.clone()),
+            (11, 2, None)
         );
         let events = events_of(db.store(), "acme").await;
         assert_eq!(
@@ -1420,5 +1420,95 @@ on_both_backends! {
             .await
             .unwrap();
         assert_eq!(after, Some(before), "the row is kept, with no timeout");
+    }
+}
+
+on_both_backends! {
+    async fn pending_arguments_sealed_under_an_old_key_are_found_and_replaced(backend: Backend) {
+        let db = seeded(backend, 10).await;
+        let store = db.shared();
+        store
+            .record_call(waiting_call("acme", "call-p", Some("use-p")))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.sealed_key_usage().await.unwrap(),
+            [("k1".to_owned(), 1)],
+            "a pending call's arguments need their key"
+        );
+        assert!(store.list_pending_sealed_not_under("k1", 10).await.unwrap().is_empty());
+        let old = store.list_pending_sealed_not_under("k2", 10).await.unwrap();
+        assert_eq!(old.len(), 1);
+        let acme = tenant_id("acme");
+        assert!(
+            !store
+                .replace_pending_arguments(&acme, "pend-call-p", Some("tgs1.k1.other"), "tgs1.k2.new", "k2")
+                .await
+                .unwrap(),
+            "a replacement that did not see the current value changes nothing"
+        );
+        assert!(
+            store
+                .replace_pending_arguments(
+                    &acme,
+                    "pend-call-p",
+                    Some("tgs1.k1.sealed-arguments"),
+                    "tgs1.k2.new",
+                    "k2"
+                )
+                .await
+                .unwrap()
+        );
+        let row = store.get_pending(&acme, "pend-call-p").await.unwrap().unwrap();
+        assert_eq!(
+            row.arguments,
+            PendingArguments::Sealed {
+                key_id: "k2".to_owned(),
+                sealed: "tgs1.k2.new".to_owned()
+            }
+        );
+        assert_eq!(
+            store.sealed_key_usage().await.unwrap(),
+            [("k2".to_owned(), 1)]
+        );
+        // Once decided, nothing needs a key.
+        assert!(
+            store
+                .resolve_pending(decide("call-p", row.version, false, "ops"))
+                .await
+                .unwrap()
+        );
+        assert!(store.sealed_key_usage().await.unwrap().is_empty());
+
+        // Arguments kept in clear (by an older version) are found whatever the key, and
+        // sealing them clears them.
+        let mut clear = waiting_call("acme", "call-q", Some("use-q"));
+        clear.pending.as_mut().unwrap().arguments =
+            PendingArguments::Clear(json!({ "text": "deploy" }));
+        store.record_call(clear).await.unwrap();
+        let found = store.list_pending_sealed_not_under("k2", 10).await.unwrap();
+        assert_eq!(found.len(), 1);
+        assert!(matches!(found[0].arguments, PendingArguments::Clear(_)));
+        assert!(
+            store
+                .replace_pending_arguments(&acme, "pend-call-q", None, "tgs1.k2.q", "k2")
+                .await
+                .unwrap()
+        );
+        let row = store.get_pending(&acme, "pend-call-q").await.unwrap().unwrap();
+        assert_eq!(
+            row.arguments,
+            PendingArguments::Sealed {
+                key_id: "k2".to_owned(),
+                sealed: "tgs1.k2.q".to_owned()
+            }
+        );
+        assert!(
+            !store
+                .replace_pending_arguments(&acme, "pend-call-q", None, "tgs1.k2.r", "k2")
+                .await
+                .unwrap(),
+            "sealed arguments are not replaced as if they were clear"
+        );
     }
 }

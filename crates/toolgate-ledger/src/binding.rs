@@ -1,0 +1,344 @@
+//! Binding a call's recorded content into the audit chain. The rows of `tool_calls`,
+//! `policy_decisions` and `pending_invocations` are not events, so on their own anyone who can
+//! write the database could rewrite a failed call as succeeded. Each write that creates or
+//! changes such a row therefore puts, on one of the keyed events it appends in the same
+//! transaction, a *binding*: a JSON object naming the row and the values it was given.
+//!
+//! ```text
+//! {"call":     {"id": ..., "status": ..., "error_code": ..., "error_sha256": ...,
+//!               "input_sha256": ..., "output_sha256": ..., "tool": ..., "run": ...,
+//!               "args_hash": ..., "decision_id": ..., "risk": ..., "attempts": ...},
+//!  "decision": {"id": ..., "tool_call_id": ..., "tool": ..., "decision": ..., "risk": ...,
+//!               "policy_ids": ..., "policy_version": ...},
+//!  "pending":  {"id": ..., "tool_call_id": ..., "tool": ..., "args_hash": ..., "origin": ...,
+//!               "decision": ..., "policy_version": ...}}
+//! ```
+//!
+//! Texts that may be long (redacted input and output, error text) are bound by their SHA-256.
+//! A write that changes only some fields (a finish, a human decision) binds only those. The
+//! event's MAC covers the binding, so it cannot be changed without the key either.
+//!
+//! Verification folds the bindings of a chain in chain order (a later binding of a field wins)
+//! and compares the result with the rows as stored: a bound field that differs is an edit, a
+//! bound row that is gone a deletion, and a row that no binding names is accepted only when a
+//! legacy (unkeyed, written before bindings) event names its call. What is not bound, and may
+//! change without an event: a pending invocation's state, version and sealed arguments (its
+//! call's status is bound instead), a call's sealed answer (purged after its retention), its
+//! duration and timestamps.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::model::{
+    FinishCall, PendingInvocation, PolicyDecisionRecord, ResolvePending, ToolCallRecord,
+};
+use crate::ops::PreparedEvent;
+
+/// A call row's bound fields, from the row's values as stored.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallContent<'a> {
+    pub(crate) status: &'a str,
+    pub(crate) error_code: Option<&'a str>,
+    pub(crate) error_text: Option<&'a str>,
+    pub(crate) input: &'a str,
+    pub(crate) output: Option<&'a str>,
+    pub(crate) tool: &'a str,
+    pub(crate) run: &'a str,
+    pub(crate) args_hash: &'a str,
+    pub(crate) decision_id: Option<&'a str>,
+    pub(crate) risk: Option<&'a str>,
+    pub(crate) attempts: i64,
+}
+
+impl CallContent<'_> {
+    pub(crate) fn of<'a>(
+        call: &'a ToolCallRecord,
+        input: &'a str,
+        output: Option<&'a str>,
+    ) -> CallContent<'a> {
+        CallContent {
+            status: call.status.as_str(),
+            error_code: call.error_code.map(|code| code.as_str()),
+            error_text: call.error_text.as_deref(),
+            input,
+            output,
+            tool: &call.tool,
+            run: call.run.as_str(),
+            args_hash: &call.args_hash,
+            decision_id: call.policy_decision_id.as_deref(),
+            risk: call.risk_level.map(|risk| risk.as_str()),
+            attempts: call.attempts,
+        }
+    }
+
+    /// Every bound field.
+    pub(crate) fn fields(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("status".into(), self.status.into());
+        fields.insert("error_code".into(), optional(self.error_code));
+        fields.insert("error_sha256".into(), digest(self.error_text));
+        fields.insert("input_sha256".into(), digest(Some(self.input)));
+        fields.insert("output_sha256".into(), digest(self.output));
+        fields.insert("tool".into(), self.tool.into());
+        fields.insert("run".into(), self.run.into());
+        fields.insert("args_hash".into(), self.args_hash.into());
+        fields.insert("decision_id".into(), optional(self.decision_id));
+        fields.insert("risk".into(), optional(self.risk));
+        fields.insert("attempts".into(), self.attempts.into());
+        fields
+    }
+}
+
+/// A decision row's bound fields; `policy_ids` is the stored JSON text.
+pub(crate) fn decision_fields(
+    tool_call_id: &str,
+    tool: &str,
+    decision: &str,
+    risk: &str,
+    policy_ids: &str,
+    policy_version: i64,
+) -> Map<String, Value> {
+    let mut fields = Map::new();
+    fields.insert("tool_call_id".into(), tool_call_id.into());
+    fields.insert("tool".into(), tool.into());
+    fields.insert("decision".into(), decision.into());
+    fields.insert("risk".into(), risk.into());
+    fields.insert("policy_ids".into(), policy_ids.into());
+    fields.insert("policy_version".into(), policy_version.into());
+    fields
+}
+
+/// A pending invocation's bound fields (those that never change after it is written).
+pub(crate) fn pending_fields(
+    tool_call_id: &str,
+    tool: &str,
+    args_hash: &str,
+    origin: &str,
+    decision: &str,
+    policy_version: i64,
+) -> Map<String, Value> {
+    let mut fields = Map::new();
+    fields.insert("tool_call_id".into(), tool_call_id.into());
+    fields.insert("tool".into(), tool.into());
+    fields.insert("args_hash".into(), args_hash.into());
+    fields.insert("origin".into(), origin.into());
+    fields.insert("decision".into(), decision.into());
+    fields.insert("policy_version".into(), policy_version.into());
+    fields
+}
+
+/// What one write binds, built up part by part.
+#[derive(Debug, Default)]
+pub(crate) struct Binding(Map<String, Value>);
+
+impl Binding {
+    /// A whole call row, as inserted or rewritten.
+    pub(crate) fn call(mut self, call: &ToolCallRecord, input: &str, output: Option<&str>) -> Self {
+        self.put(
+            "call",
+            call.id.as_str(),
+            CallContent::of(call, input, output).fields(),
+        );
+        self
+    }
+
+    /// The fields a finish sets.
+    pub(crate) fn finish(mut self, finish: &FinishCall, output: Option<&str>) -> Self {
+        let mut fields = Map::new();
+        fields.insert("status".into(), finish.status.as_str().into());
+        fields.insert(
+            "error_code".into(),
+            optional(finish.error_code.map(|c| c.as_str())),
+        );
+        fields.insert("error_sha256".into(), digest(finish.error_text.as_deref()));
+        fields.insert("output_sha256".into(), digest(output));
+        fields.insert("attempts".into(), finish.attempts.into());
+        self.put("call", finish.id.as_str(), fields);
+        self
+    }
+
+    /// The fields a human decision sets on its call.
+    pub(crate) fn resolution(mut self, call_id: &str, resolution: &ResolvePending) -> Self {
+        let mut fields = Map::new();
+        fields.insert("status".into(), resolution.call_status.as_str().into());
+        fields.insert(
+            "error_code".into(),
+            optional(resolution.error_code.map(|c| c.as_str())),
+        );
+        fields.insert(
+            "error_sha256".into(),
+            digest(resolution.error_text.as_deref()),
+        );
+        self.put("call", call_id, fields);
+        self
+    }
+
+    pub(crate) fn decision(mut self, decision: &PolicyDecisionRecord, policy_ids: &str) -> Self {
+        let fields = decision_fields(
+            decision.tool_call_id.as_str(),
+            decision.tool.as_str(),
+            decision.decision.as_str(),
+            decision.risk.as_str(),
+            policy_ids,
+            decision.policy_version,
+        );
+        self.put("decision", &decision.id, fields);
+        self
+    }
+
+    pub(crate) fn pending(mut self, pending: &PendingInvocation) -> Self {
+        let fields = pending_fields(
+            pending.tool_call_id.as_str(),
+            pending.tool.as_str(),
+            &pending.args_hash,
+            pending.origin.as_str(),
+            pending.decision.as_str(),
+            pending.policy_version,
+        );
+        self.put("pending", &pending.id, fields);
+        self
+    }
+
+    fn put(&mut self, part: &str, id: &str, mut fields: Map<String, Value>) {
+        fields.insert("id".into(), id.into());
+        self.0.insert(part.to_owned(), Value::Object(fields));
+    }
+
+    /// Puts the binding on the first of `events` that reports `call_id` (else the first
+    /// event). A write without events binds nothing, and verification then finds its rows
+    /// unbound.
+    pub(crate) fn attach(self, events: &mut [PreparedEvent], call_id: &str) {
+        if self.0.is_empty() {
+            return;
+        }
+        let index = events
+            .iter()
+            .position(|event| event.tool_call_id.as_deref() == Some(call_id))
+            .unwrap_or(0);
+        if let Some(event) = events.get_mut(index) {
+            event.binding = Some(Value::Object(self.0).to_string());
+        }
+    }
+}
+
+fn optional(value: Option<&str>) -> Value {
+    value.map_or(Value::Null, Value::from)
+}
+
+fn digest(text: Option<&str>) -> Value {
+    text.map_or(Value::Null, |text| {
+        Value::String(hex::encode(Sha256::digest(text.as_bytes())))
+    })
+}
+
+/// The bound values of one chain, folded in chain order.
+#[derive(Debug, Default)]
+pub(crate) struct Bound {
+    /// Per part (`call`, `decision`, `pending`) and row id: the fields and the chain position
+    /// of the newest binding.
+    rows: HashMap<(String, String), (Map<String, Value>, i64)>,
+    /// Calls named by a legacy event (written before bindings).
+    pub(crate) legacy_calls: HashSet<String>,
+}
+
+impl Bound {
+    /// Folds the binding of the event at `chain_seq`; an unparsable binding is an edit.
+    pub(crate) fn fold(&mut self, chain_seq: i64, binding: &str) -> Result<(), String> {
+        let Ok(Value::Object(parts)) = serde_json::from_str::<Value>(binding) else {
+            return Err(format!(
+                "event {chain_seq} carries a binding that is not a JSON object"
+            ));
+        };
+        for (part, fields) in parts {
+            let Value::Object(mut fields) = fields else {
+                return Err(format!(
+                    "event {chain_seq} carries a malformed `{part}` binding"
+                ));
+            };
+            let Some(Value::String(id)) = fields.remove("id") else {
+                return Err(format!(
+                    "event {chain_seq} binds a `{part}` row without an id"
+                ));
+            };
+            let entry = self
+                .rows
+                .entry((part, id))
+                .or_insert_with(|| (Map::new(), chain_seq));
+            entry.0.extend(fields);
+            entry.1 = chain_seq;
+        }
+        Ok(())
+    }
+
+    /// Compares one stored row (`part`, `id`, its bound fields as stored) with what the chain
+    /// bound; the row is marked seen. `Err` explains a mismatch, with the chain position of the
+    /// binding that disagrees (or 0 when nothing binds the row). `Ok(false)`: nothing binds
+    /// the row, and a legacy event names its call.
+    pub(crate) fn check(
+        &mut self,
+        part: &str,
+        id: &str,
+        call_id: &str,
+        stored: &Map<String, Value>,
+    ) -> Result<bool, (i64, String)> {
+        let Some((bound, at)) = self.rows.remove(&(part.to_owned(), id.to_owned())) else {
+            if self.legacy_calls.contains(call_id) {
+                return Ok(false);
+            }
+            return Err((
+                0,
+                format!(
+                    "{} {id} is in the ledger but no audit event records it: the row was \
+                     added outside the ledger",
+                    describe(part)
+                ),
+            ));
+        };
+        // Fields in name order, whatever order the map keeps (serde_json's `preserve_order`
+        // is on in some builds), so the same tampering is always reported the same way.
+        let mut fields: Vec<(&String, &Value)> = bound.iter().collect();
+        fields.sort_by(|a, b| a.0.cmp(b.0));
+        for (field, value) in fields {
+            let actual = stored.get(field).unwrap_or(&Value::Null);
+            if actual != value {
+                return Err((
+                    at,
+                    format!(
+                        "{} {id}: its {field} is {actual} in the table but event {at} recorded \
+                         {value}: the row was rewritten",
+                        describe(part)
+                    ),
+                ));
+            }
+        }
+        Ok(true)
+    }
+
+    /// After every row was checked: a bound row that was never seen was deleted.
+    pub(crate) fn missing(&self) -> Option<(i64, String)> {
+        self.rows
+            .iter()
+            .min_by_key(|(_, (_, at))| *at)
+            .map(|((part, id), (_, at))| {
+                (
+                    *at,
+                    format!(
+                        "{} {id}, recorded by event {at}, is no longer in the ledger: the row \
+                         was deleted",
+                        describe(part)
+                    ),
+                )
+            })
+    }
+}
+
+fn describe(part: &str) -> &'static str {
+    match part {
+        "call" => "tool call",
+        "decision" => "policy decision",
+        "pending" => "pending invocation",
+        _ => "row",
+    }
+}

@@ -1,0 +1,673 @@
+//! The keyed audit chain at the ledger seam, on both backends: a ledger written with keys is
+//! tampered with behind the store's back, as by someone who can write the database but lacks
+//! the keys (events, call rows, decisions and pending invocations edited, rows added and
+//! deleted, events reordered, hashes and heads recomputed, the newest events removed and the
+//! head rewound), and verification with the keys, and against a checkpoint taken before,
+//! reports it. Also: what verification without the keys can and cannot see, legacy events
+//! written before the keyed chain, key rotation, and forged checkpoints.
+
+use sha2::{Digest, Sha256};
+use toolgate_core::{AuditKeys, ErrorCode};
+
+use super::*;
+use crate::checkpoint::{Checkpoint, CheckpointAuth};
+
+/// Test keys: the MAC is SHA-256 over a per-key secret and the message. The ledger only needs a
+/// keyed function it cannot compute itself; the real HMAC lives in `toolgate-secrets`.
+#[derive(Debug)]
+pub(crate) struct TestKeys {
+    ids: Vec<&'static str>,
+}
+
+impl AuditKeys for TestKeys {
+    fn active_key_id(&self) -> String {
+        (*self.ids.last().expect("a key")).to_owned()
+    }
+
+    fn mac(&self, key_id: &str, message: &[u8]) -> Option<[u8; 32]> {
+        if !self.ids.contains(&key_id) {
+            return None;
+        }
+        let mut hasher = Sha256::new();
+        hasher.update(format!("test secret of {key_id}").as_bytes());
+        hasher.update(message);
+        Some(hasher.finalize().into())
+    }
+}
+
+pub(crate) fn keys(ids: &[&'static str]) -> Arc<dyn AuditKeys> {
+    Arc::new(TestKeys { ids: ids.to_vec() })
+}
+
+/// `acme` with three settled calls (`c-ok` succeeded, `c-fail` failed, `c-wait` waited for
+/// approval and was rejected) and three notes, written with `k1`.
+async fn ledger(backend: Backend) -> Db {
+    let db = Db::keyed(backend, keys(&["k1"])).await;
+    let store = db.store();
+    store.create_tenant(tenant("acme"), &admin()).await.unwrap();
+    store
+        .create_agent(agent("acme", "bot"), &admin())
+        .await
+        .unwrap();
+    store.create_run(run("acme", "run-1", 100)).await.unwrap();
+    store
+        .record_call(new_call("acme", "run-1", "c-ok", None))
+        .await
+        .unwrap();
+    assert!(store.finish_call(finish("acme", "c-ok")).await.unwrap());
+    store
+        .record_call(new_call("acme", "run-1", "c-fail", None))
+        .await
+        .unwrap();
+    let failed = FinishCall {
+        status: ToolCallStatus::Failed,
+        output_redacted: None,
+        error_code: Some(ErrorCode::VendorError),
+        error_text: Some("the vendor said no".into()),
+        events: vec![event("acme", "tool_call.failed", "run-1", "c-fail")],
+        ..finish("acme", "c-fail")
+    };
+    assert!(store.finish_call(failed).await.unwrap());
+    store
+        .record_call(waiting_call("acme", "c-wait", None))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .resolve_pending(decide("c-wait", 1, false, "alice"))
+            .await
+            .unwrap()
+    );
+    for n in 1..=3 {
+        store.append_events(vec![note("acme", n)]).await.unwrap();
+    }
+    db
+}
+
+/// Verifies the data behind `db` as a separate reader would: with `keys` (or none) and an
+/// optional checkpoint. SQLite: the store must be closed (a tampered file is read afresh).
+async fn verify(
+    db: &Db,
+    keys: Option<Arc<dyn AuditKeys>>,
+    checkpoint: Option<&Checkpoint>,
+) -> VerifyReport {
+    match db.backend() {
+        Backend::Sqlite => {
+            let store = SqliteStore::open_read_only_with(&db.sqlite_path(), keys)
+                .await
+                .unwrap();
+            let report = store.verify_against(checkpoint).await.unwrap();
+            store.close().await;
+            report
+        }
+        Backend::Pg => {
+            let store = match keys {
+                Some(keys) => PgStore::connect_keyed(&db.pg_schema().options(), keys).await,
+                None => PgStore::connect(&db.pg_schema().options()).await,
+            }
+            .unwrap();
+            let report = store.verify_against(checkpoint).await.unwrap();
+            store.close().await;
+            report
+        }
+    }
+}
+
+/// Runs `statements` on the data behind `db` through a plain connection, with what stands in
+/// an attacker's way switched off (the append-only triggers; on PostgreSQL, `seq` being
+/// generated always).
+async fn tamper(db: &Db, statements: &[String]) {
+    let setup: &[&str] = match db.backend() {
+        Backend::Sqlite => &[
+            "DROP TRIGGER IF EXISTS audit_events_no_update",
+            "DROP TRIGGER IF EXISTS audit_events_no_delete",
+            "DROP TRIGGER IF EXISTS audit_heads_forward_only",
+            "DROP TRIGGER IF EXISTS audit_heads_no_delete",
+        ],
+        Backend::Pg => &[
+            "ALTER TABLE audit_events DISABLE TRIGGER USER",
+            "ALTER TABLE audit_heads DISABLE TRIGGER USER",
+            "ALTER TABLE audit_events ALTER COLUMN seq SET GENERATED BY DEFAULT",
+        ],
+    };
+    let mut all: Vec<String> = setup.iter().map(|sql| (*sql).to_owned()).collect();
+    all.extend(statements.iter().cloned());
+    db.raw_statements(&all).await;
+}
+
+/// One stored event, as an attacker reads it.
+#[derive(Clone, Debug)]
+struct Row {
+    chain_seq: i64,
+    kind: String,
+    run: Option<String>,
+    call: Option<String>,
+    payload: String,
+    at: i64,
+    hash: String,
+}
+
+async fn rows(db: &Db) -> Vec<Row> {
+    db.store()
+        .list_events(&tenant_id("acme"), 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|event| Row {
+            chain_seq: event.chain_seq,
+            kind: event.kind,
+            run: event.run.map(|run| run.as_str().to_owned()),
+            call: event.tool_call_id.map(|id| id.as_str().to_owned()),
+            payload: event.payload.to_string(),
+            at: event.at.0,
+            hash: event.hash,
+        })
+        .collect()
+}
+
+/// Statements that rewrite `acme`'s chain from position `from` on with recomputed unkeyed
+/// hashes (key id and binding dropped), `payload` replacing the first rewritten event's, and
+/// move the head to the new last hash: everything one can do without the key.
+fn recompute_from(events: &[Row], from: i64, payload: &str) -> Vec<String> {
+    let mut statements = Vec::new();
+    let mut prev = events
+        .iter()
+        .find(|event| event.chain_seq == from - 1)
+        .map_or(crate::GENESIS_HASH.to_owned(), |event| event.hash.clone());
+    for event in events.iter().filter(|event| event.chain_seq >= from) {
+        let text = if event.chain_seq == from {
+            payload.to_owned()
+        } else {
+            event.payload.clone()
+        };
+        let hash = crate::chain::event_hash(
+            &prev,
+            "acme",
+            event.chain_seq,
+            &event.kind,
+            event.run.as_deref(),
+            event.call.as_deref(),
+            &text,
+            event.at,
+        );
+        statements.push(format!(
+            "UPDATE audit_events SET payload = '{text}', prev_hash = '{prev}', hash = '{hash}', \
+             key_id = NULL, binding = NULL WHERE tenant = 'acme' AND chain_seq = {}",
+            event.chain_seq
+        ));
+        prev = hash;
+    }
+    let last = events.last().expect("events").chain_seq;
+    statements.push(format!(
+        "UPDATE audit_heads SET chain_seq = {last}, hash = '{prev}' WHERE tenant = 'acme'"
+    ));
+    statements
+}
+
+/// What a case expects verification with the keys to report.
+struct Expect {
+    kind: ChainProblemKind,
+    chain_seq: i64,
+    detail: &'static str,
+}
+
+struct Case {
+    name: &'static str,
+    /// The statements, from the events as stored and the backend.
+    sql: fn(&[Row], Backend) -> Vec<String>,
+    /// With the keys; `None`: only a checkpoint shows it.
+    with_keys: Option<Expect>,
+    /// Against the checkpoint taken before (with the keys).
+    with_checkpoint: Expect,
+}
+
+fn position(events: &[Row], kind: &str, call: Option<&str>) -> i64 {
+    events
+        .iter()
+        .find(|event| event.kind == kind && event.call.as_deref() == call)
+        .unwrap_or_else(|| panic!("no {kind} event"))
+        .chain_seq
+}
+
+/// Every case fixes positions from the fixture: 1 tenant, 2 agent, 3-4 c-ok, 5-6 c-fail,
+/// 7-9 c-wait (requested, approval requested, rejected), 10-12 notes.
+const CASES: &[Case] = &[
+    Case {
+        name: "edit an event's payload",
+        sql: |_, _| {
+            vec![
+                "UPDATE audit_events SET payload = '{\"n\":99}' WHERE tenant = 'acme' \
+                 AND chain_seq = 11"
+                    .into(),
+            ]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 11,
+            detail: "does not match its MAC",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 11,
+            detail: "does not match its MAC",
+        },
+    },
+    Case {
+        name: "rewrite a failed call as succeeded",
+        sql: |_, _| {
+            vec![
+                "UPDATE tool_calls SET status = 'succeeded', error_code = NULL, \
+                 error_text = NULL WHERE id = 'c-fail'"
+                    .into(),
+            ]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 6,
+            detail: "tool call c-fail: its error_code is null in the table but event 6 recorded \"VENDOR_ERROR\"",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 6,
+            detail: "the row was rewritten",
+        },
+    },
+    Case {
+        name: "edit a call's redacted output",
+        sql: |_, _| {
+            vec![
+                "UPDATE tool_calls SET output_redacted = '{\"ok\":false}' WHERE id = 'c-ok'".into(),
+            ]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 4,
+            detail: "tool call c-ok: its output_sha256",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 4,
+            detail: "the row was rewritten",
+        },
+    },
+    Case {
+        name: "edit a policy decision",
+        sql: |_, _| {
+            vec!["UPDATE policy_decisions SET decision = 'allow' WHERE id = 'dec-c-wait'".into()]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 7,
+            detail: "policy decision dec-c-wait: its decision",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 7,
+            detail: "the row was rewritten",
+        },
+    },
+    Case {
+        name: "edit a pending invocation",
+        sql: |_, _| {
+            vec![
+                "UPDATE pending_invocations SET origin = 'EXECUTION_FAILED' \
+                 WHERE id = 'pend-c-wait'"
+                    .into(),
+            ]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 7,
+            detail: "pending invocation pend-c-wait: its origin",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 7,
+            detail: "the row was rewritten",
+        },
+    },
+    Case {
+        name: "delete a call row",
+        sql: |_, _| {
+            vec![
+                "DELETE FROM policy_decisions WHERE tool_call_id = 'c-ok'".into(),
+                "DELETE FROM tool_calls WHERE id = 'c-ok'".into(),
+            ]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Deleted,
+            chain_seq: 3,
+            detail: "is no longer in the ledger: the row was deleted",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Deleted,
+            chain_seq: 3,
+            detail: "the row was deleted",
+        },
+    },
+    Case {
+        name: "add a call row",
+        sql: |_, backend| {
+            let (owner_column, owner) = match backend {
+                Backend::Sqlite => ("", ""),
+                Backend::Pg => (", owner", ", owner"),
+            };
+            vec![format!(
+                "INSERT INTO tool_calls (id, tenant, run, agent, tool, action, correlation_id, \
+                 status, args_hash, input_redacted, output_redacted, attempts, created_at, \
+                 updated_at{owner_column}) SELECT 'c-forged', tenant, run, agent, tool, action, \
+                 correlation_id, status, args_hash, input_redacted, output_redacted, attempts, \
+                 created_at, updated_at{owner} FROM tool_calls WHERE id = 'c-ok'"
+            )]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 0,
+            detail: "tool call c-forged is in the ledger but no audit event records it",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 0,
+            detail: "no audit event records it",
+        },
+    },
+    Case {
+        name: "delete a middle event",
+        sql: |_, _| vec!["DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq = 5".into()],
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Deleted,
+            chain_seq: 5,
+            detail: "event 5 is missing",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Deleted,
+            chain_seq: 5,
+            detail: "event 5 is missing",
+        },
+    },
+    Case {
+        name: "swap two events",
+        sql: |_, _| {
+            vec![
+                "UPDATE audit_events SET chain_seq = 1000 WHERE tenant = 'acme' AND chain_seq = 10"
+                    .into(),
+                "UPDATE audit_events SET chain_seq = 10 WHERE tenant = 'acme' AND chain_seq = 11"
+                    .into(),
+                "UPDATE audit_events SET chain_seq = 11 WHERE tenant = 'acme' AND chain_seq = 1000"
+                    .into(),
+            ]
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Reordered,
+            chain_seq: 10,
+            detail: "belongs at position 11",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Reordered,
+            chain_seq: 10,
+            detail: "belongs at position 11",
+        },
+    },
+    Case {
+        name: "rewrite the newest events with recomputed hashes and head",
+        sql: |events, _| recompute_from(events, 11, "{\"n\":77}"),
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 11,
+            detail: "has an unkeyed hash but follows keyed events",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 11,
+            detail: "has an unkeyed hash but follows keyed events",
+        },
+    },
+    Case {
+        name: "rewrite the whole chain with recomputed hashes and head",
+        sql: |events, _| {
+            let mut sql = recompute_from(events, 1, "{\"name\":\"Acme\",\"actor\":\"x\"}");
+            // Without the bindings the call rows are free to change too.
+            sql.push("UPDATE tool_calls SET status = 'succeeded' WHERE id = 'c-fail'".into());
+            sql
+        },
+        with_keys: Some(Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 1,
+            detail: "has an unkeyed hash, but no authenticated record",
+        }),
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Edited,
+            chain_seq: 1,
+            detail: "has an unkeyed hash, but no authenticated record",
+        },
+    },
+    Case {
+        name: "truncate the newest events and rewind the head",
+        sql: |events, _| {
+            let ten = events.iter().find(|event| event.chain_seq == 10).unwrap();
+            vec![
+                "DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq > 10".into(),
+                format!(
+                    "UPDATE audit_heads SET chain_seq = 10, hash = '{}' WHERE tenant = 'acme'",
+                    ten.hash
+                ),
+            ]
+        },
+        // What the database holds is a shorter, genuine chain: only a checkpoint shows it.
+        with_keys: None,
+        with_checkpoint: Expect {
+            kind: ChainProblemKind::Deleted,
+            chain_seq: 11,
+            detail: "the checkpoint records 12 events but the chain ends at 10: the newest \
+                     events were removed and the head rewound",
+        },
+    },
+];
+
+fn assert_problem(case: &str, report: &VerifyReport, expect: &Expect) {
+    let problem = report
+        .first_problem
+        .as_ref()
+        .unwrap_or_else(|| panic!("{case}: tampering went unnoticed: {report:?}"));
+    assert_eq!(
+        (problem.chain.as_str(), problem.kind, problem.chain_seq),
+        ("acme", expect.kind, expect.chain_seq),
+        "{case}: {}",
+        problem.detail
+    );
+    assert!(
+        problem.detail.contains(expect.detail),
+        "{case}: `{}` should say `{}`",
+        problem.detail,
+        expect.detail
+    );
+}
+
+async fn check(backend: Backend, case: &Case) {
+    let db = ledger(backend).await;
+    let events = rows(&db).await;
+    assert_eq!(events.len(), 12, "the fixture's positions");
+    assert_eq!(position(&events, "tool_call.failed", Some("c-fail")), 6);
+    assert_eq!(position(&events, "tool_call.requested", Some("c-wait")), 7);
+    db.close().await;
+
+    let clean = verify(&db, Some(keys(&["k1"])), None).await;
+    assert_eq!(clean.first_problem, None, "{}", case.name);
+    let checkpoint = Checkpoint::of_report(&clean, keys(&["k1"]).as_ref(), 1).unwrap();
+
+    tamper(&db, &(case.sql)(&events, backend)).await;
+
+    let report = verify(&db, Some(keys(&["k1"])), None).await;
+    match &case.with_keys {
+        Some(expect) => assert_problem(case.name, &report, expect),
+        None => assert_eq!(report.first_problem, None, "{}", case.name),
+    }
+    let report = verify(&db, Some(keys(&["k1"])), Some(&checkpoint)).await;
+    assert_problem(case.name, &report, &case.with_checkpoint);
+    // acme's chain; the system chain holds no event.
+    assert_eq!(report.checkpoint_chains, 1);
+}
+
+on_both_backends! {
+    /// Every tampering of the table is reported, with the keys and against a checkpoint.
+    async fn tampering_is_detected_with_the_key_and_a_checkpoint(backend: Backend) {
+        for group in CASES.chunks(4) {
+            join_all(group.iter().map(|case| check(backend, case)).collect()).await;
+        }
+    }
+}
+
+on_both_backends! {
+    /// A clean keyed ledger verifies, every event authenticated and every row bound; without
+    /// the keys the report says the MACs were not checked, and an edited event then goes
+    /// unseen while an edited call row is still caught by its binding.
+    async fn without_the_key_verification_says_what_it_could_not_check(backend: Backend) {
+        let db = ledger(backend).await;
+        db.close().await;
+        let report = verify(&db, Some(keys(&["k1"])), None).await;
+        assert_eq!(report.first_problem, None);
+        assert!(report.keys_loaded);
+        // acme's 12, and the system chain holds no event yet.
+        assert_eq!((report.keyed_events, report.authenticated_events), (12, 12));
+        assert_eq!((report.legacy_events, report.legacy_rows), (0, 0));
+        // Three calls, three decisions, one pending invocation.
+        assert_eq!(report.rows_checked, 7);
+
+        let blind = verify(&db, None, None).await;
+        assert_eq!(blind.first_problem, None);
+        assert!(!blind.keys_loaded);
+        assert_eq!((blind.keyed_events, blind.authenticated_events), (12, 0));
+
+        tamper(
+            &db,
+            &["UPDATE audit_events SET payload = '{\"n\":99}' WHERE tenant = 'acme' \
+               AND chain_seq = 11"
+                .to_owned()],
+        )
+        .await;
+        let blind = verify(&db, None, None).await;
+        assert_eq!(blind.first_problem, None, "a MAC cannot be checked without the key");
+        let keyed = verify(&db, Some(keys(&["k1"])), None).await;
+        assert!(keyed.first_problem.is_some());
+
+        tamper(
+            &db,
+            &["UPDATE tool_calls SET status = 'succeeded' WHERE id = 'c-fail'".to_owned()],
+        )
+        .await;
+        let blind = verify(&db, None, None).await;
+        let problem = blind.first_problem.expect("the binding still disagrees");
+        assert!(problem.detail.contains("tool call c-fail: its status"), "{}", problem.detail);
+    }
+}
+
+on_both_backends! {
+    /// Events written before the keyed chain verify as legacy; the first keyed open seals each
+    /// chain with a keyed event, so rewriting the legacy events afterwards is caught.
+    async fn legacy_events_are_sealed_by_the_first_keyed_open(backend: Backend) {
+        // Written without keys, as before the upgrade.
+        let db = seeded(backend, 100).await;
+        db.store()
+            .record_call(new_call("acme", "run-1", "c-old", None))
+            .await
+            .unwrap();
+        db.store().append_events(vec![note("acme", 1)]).await.unwrap();
+        let legacy = rows(&db).await;
+        assert_eq!(legacy.len(), 4);
+        // As a ledger of the version before the keyed chain: without its migration.
+        db.close().await;
+        let version = match backend {
+            Backend::Sqlite => 10,
+            Backend::Pg => 7,
+        };
+        db.raw_statements(&[
+            "ALTER TABLE audit_events DROP COLUMN key_id".to_owned(),
+            "ALTER TABLE audit_events DROP COLUMN binding".to_owned(),
+            format!("DELETE FROM _sqlx_migrations WHERE version = {version}"),
+        ])
+        .await;
+        let db = db.reopen_keyed(keys(&["k1"])).await;
+        // The open that migrates records, on the system chain, where the legacy events end.
+        assert_eq!(rows(&db).await.len(), 4);
+        assert!(db.store().finish_call(finish("acme", "c-old")).await.unwrap());
+        db.close().await;
+
+        let report = verify(&db, Some(keys(&["k1"])), None).await;
+        assert_eq!(report.first_problem, None, "{report:?}");
+        assert_eq!((report.legacy_events, report.unprotected_legacy_events), (4, 0));
+        // The system chain's record and c-old's finish.
+        assert_eq!(report.keyed_events, 2);
+        assert_eq!(report.heads.len(), 2);
+        assert_eq!(report.heads[0].chain, AuditChain::System);
+        // c-old's decision row was written before bindings; c-old itself is bound by its
+        // finish (status, output, error, attempts).
+        assert_eq!(report.legacy_rows, 1);
+
+        // Rewriting a legacy event and recomputing the legacy hashes breaks the record.
+        let mut sql = recompute_from(&legacy, 4, "{\"n\":2}");
+        sql.pop(); // the head stays (it names the keyed tail)
+        tamper(&db, &sql).await;
+        let report = verify(&db, Some(keys(&["k1"])), None).await;
+        let problem = report.first_problem.expect("the record's hash differs");
+        assert_eq!((problem.kind, problem.chain_seq), (ChainProblemKind::Edited, 4), "{}", problem.detail);
+        assert!(problem.detail.contains("legacy events were rewritten"), "{}", problem.detail);
+
+        // A ledger opened with keys after its migration holding unkeyed events only is not
+        // vouched for by a new record: it was written without keys or rewritten.
+        let fresh = seeded(backend, 100).await;
+        let fresh = fresh.reopen_keyed(keys(&["k1"])).await;
+        fresh.close().await;
+        let report = verify(&fresh, Some(keys(&["k1"])), None).await;
+        let problem = report.first_problem.expect("unkeyed events without a record");
+        assert!(problem.detail.contains("no authenticated record"), "{}", problem.detail);
+    }
+}
+
+on_both_backends! {
+    /// After a rotation new events are MAC'd with the new key and old ones still verify with
+    /// the old; without the old key they are counted, named, and not authenticated.
+    async fn rotation_keeps_old_events_verifiable(backend: Backend) {
+        let db = Db::keyed(backend, keys(&["k1"])).await;
+        db.store().create_tenant(tenant("acme"), &admin()).await.unwrap();
+        let db = db.reopen_keyed(keys(&["k1", "k2"])).await;
+        db.store().append_events(vec![note("acme", 1)]).await.unwrap();
+        db.close().await;
+
+        let report = verify(&db, Some(keys(&["k1", "k2"])), None).await;
+        assert_eq!(report.first_problem, None);
+        assert_eq!((report.keyed_events, report.authenticated_events), (2, 2));
+
+        let report = verify(&db, Some(keys(&["k2"])), None).await;
+        assert_eq!(report.first_problem, None);
+        assert_eq!((report.keyed_events, report.authenticated_events), (2, 1));
+        assert_eq!(report.missing_keys, ["k1"]);
+    }
+}
+
+on_both_backends! {
+    /// A checkpoint is refused for a ledger that does not verify, and a changed checkpoint
+    /// does not authenticate.
+    async fn checkpoints_are_authenticated(backend: Backend) {
+        let db = ledger(backend).await;
+        db.close().await;
+        let report = verify(&db, Some(keys(&["k1"])), None).await;
+        let checkpoint = Checkpoint::of_report(&report, keys(&["k1"]).as_ref(), 7).unwrap();
+        let text = checkpoint.to_text();
+        let parsed = Checkpoint::parse(&text).unwrap();
+        assert_eq!(parsed, checkpoint);
+        assert_eq!(parsed.authenticate(Some(keys(&["k1"]).as_ref())), CheckpointAuth::Authentic);
+        assert_eq!(parsed.authenticate(None), CheckpointAuth::Unverifiable);
+        assert_eq!(parsed.authenticate(Some(keys(&["k9"]).as_ref())), CheckpointAuth::Unverifiable);
+        let rewound = text.replace("\"chain_seq\":12", "\"chain_seq\":10");
+        assert_ne!(rewound, text);
+        let forged = Checkpoint::parse(&rewound).unwrap();
+        assert_eq!(forged.authenticate(Some(keys(&["k1"]).as_ref())), CheckpointAuth::Forged);
+        let error = Checkpoint::parse("{\"format\":\"other\"}").unwrap_err();
+        assert!(error.to_string().contains("not a toolgate checkpoint"), "{error}");
+
+        tamper(&db, &["DELETE FROM audit_events WHERE tenant = 'acme' AND chain_seq = 5".to_owned()]).await;
+        let broken = verify(&db, Some(keys(&["k1"])), None).await;
+        let refused = Checkpoint::of_report(&broken, keys(&["k1"]).as_ref(), 8).unwrap_err();
+        assert!(refused.to_string().contains("does not verify"), "{refused}");
+    }
+}
