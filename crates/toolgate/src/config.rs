@@ -147,6 +147,7 @@ struct RawConnectors {
     slack: RawSlack,
     #[serde(default)]
     shopify: RawShopify,
+    #[serde(default)]
     aws: RawAws,
 }
 
