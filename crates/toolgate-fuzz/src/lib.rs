@@ -111,15 +111,14 @@ pub fn address(data: &[u8]) {
     }
 }
 
-/// The host of `url` when it is a literal IP address, as the standard library reads it.
+/// The host of `url` when it is a literal IP address, as the URL parser the guard uses reads
+/// it (a hand-rolled split disagreed with it on inputs such as `http:0tp://[::/...`).
 fn literal_host(url: &str) -> Option<IpAddr> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if let Some(inner) = host.strip_prefix('[') {
-        return inner.split(']').next()?.parse().ok();
+    match url::Url::parse(url).ok()?.host()? {
+        url::Host::Ipv4(v4) => Some(IpAddr::V4(v4)),
+        url::Host::Ipv6(v6) => Some(IpAddr::V6(v6)),
+        url::Host::Domain(_) => None,
     }
-    host.split(':').next()?.parse().ok()
 }
 
 /// `Retry-After` and `X-RateLimit-Reset` (the bytes up to the first NUL are one, the rest the
