@@ -39,98 +39,13 @@ impl Connector for TestkitConnector {
     }
 
     fn tools(&self) -> Vec<ToolSpec> {
-        vec![
-            ToolSpec::new(
-                name("noop"),
-                "Does nothing and answers {\"ok\": true}.",
-                json!({"type": "object", "additionalProperties": false}),
-            )
-            .tag(Tag::READ_ONLY)
-            .idempotent(true),
-            ToolSpec::new(
-                name("echo"),
-                "Answers with the arguments it was given.",
-                json!({
-                    "type": "object",
-                    "properties": {
-                        // No length of its own: the gateway's argument limit is what
-                        // the end-to-end tests of large arguments run into.
-                        "message": {"type": "string"},
-                        "count": {"type": "integer", "minimum": 0},
-                        "api_token": {"type": "string"}
-                    },
-                    "required": ["message"],
-                    "additionalProperties": false
-                }),
-            )
-            .tag(Tag::READ_ONLY)
-            .idempotent(true),
-            ToolSpec::new(
-                name("sleep"),
-                "Sleeps for the given number of milliseconds, then answers.",
-                json!({
-                    "type": "object",
-                    "properties": {"ms": {"type": "integer", "minimum": 0}},
-                    "required": ["ms"]
-                }),
-            )
-            .tag(Tag::READ_ONLY)
-            .idempotent(true)
-            .timeout(Duration::from_millis(500)),
-            ToolSpec::new(
-                name("sleep_write"),
-                "Sleeps like testkit.sleep, but is a write that is not idempotent.",
-                json!({
-                    "type": "object",
-                    "properties": {"ms": {"type": "integer", "minimum": 0}},
-                    "required": ["ms"]
-                }),
-            )
-            .tag(Tag::WRITE)
-            .timeout(Duration::from_millis(500)),
-            ToolSpec::new(name("panic"), "Panics.", json!({"type": "object"}))
-                .tag(Tag::READ_ONLY)
-                .idempotent(true),
-            ToolSpec::new(
-                name("fail"),
-                "Fails with the given error code and message, reporting `attempts` vendor attempts when given.",
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "code": {"type": "string"},
-                        "message": {"type": "string"},
-                        "attempts": {"type": "integer", "minimum": 0, "maximum": 100}
-                    },
-                    "required": ["code"]
-                }),
-            )
-            .tag(Tag::READ_ONLY)
-            .idempotent(true),
-            ToolSpec::new(
-                name("whoami"),
-                "Reports the tenant it runs for and the length of the secret it was given.",
-                json!({"type": "object"}),
-            )
-            .tag(Tag::READ_ONLY)
-            .idempotent(true)
-            .secret(SecretName::new("testkit_key").expect("static secret name")),
-            ToolSpec::new(
-                name("transfer"),
-                "Moves an amount of money to an account in a region.",
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "amount": {"type": "integer", "minimum": 0},
-                        "region": {"type": "string"},
-                        "account": {"type": "string"}
-                    },
-                    "required": ["amount", "region", "account"]
-                }),
-            )
-            .tag(Tag::WRITE)
-            .tag(Tag::FINANCIAL)
-            .risk(RiskLevel::Medium),
+        [
+            answering_tools(),
+            sleeping_tools(),
+            misbehaving_tools(),
+            guarded_tools(),
         ]
+        .concat()
     }
 
     async fn invoke(
@@ -188,6 +103,120 @@ impl Connector for TestkitConnector {
             )),
         }
     }
+}
+
+/// The tools that answer at once: `noop` and `echo`.
+fn answering_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(
+            name("noop"),
+            "Does nothing and answers {\"ok\": true}.",
+            json!({"type": "object", "additionalProperties": false}),
+        )
+        .tag(Tag::READ_ONLY)
+        .idempotent(true),
+        ToolSpec::new(
+            name("echo"),
+            "Answers with the arguments it was given.",
+            json!({
+                "type": "object",
+                "properties": {
+                    // No length of its own: the gateway's argument limit is what
+                    // the end-to-end tests of large arguments run into.
+                    "message": {"type": "string"},
+                    "count": {"type": "integer", "minimum": 0},
+                    "api_token": {"type": "string"}
+                },
+                "required": ["message"],
+                "additionalProperties": false
+            }),
+        )
+        .tag(Tag::READ_ONLY)
+        .idempotent(true),
+    ]
+}
+
+/// The sleepers, to run into the deadline: `sleep` (idempotent) and `sleep_write` (a write).
+fn sleeping_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(
+            name("sleep"),
+            "Sleeps for the given number of milliseconds, then answers.",
+            json!({
+                "type": "object",
+                "properties": {"ms": {"type": "integer", "minimum": 0}},
+                "required": ["ms"]
+            }),
+        )
+        .tag(Tag::READ_ONLY)
+        .idempotent(true)
+        .timeout(Duration::from_millis(500)),
+        ToolSpec::new(
+            name("sleep_write"),
+            "Sleeps like testkit.sleep, but is a write that is not idempotent.",
+            json!({
+                "type": "object",
+                "properties": {"ms": {"type": "integer", "minimum": 0}},
+                "required": ["ms"]
+            }),
+        )
+        .tag(Tag::WRITE)
+        .timeout(Duration::from_millis(500)),
+    ]
+}
+
+/// The tools that go wrong: `panic`, and `fail` with the error it is asked for.
+fn misbehaving_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(name("panic"), "Panics.", json!({"type": "object"}))
+            .tag(Tag::READ_ONLY)
+            .idempotent(true),
+        ToolSpec::new(
+            name("fail"),
+            "Fails with the given error code and message, reporting `attempts` vendor attempts when given.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "attempts": {"type": "integer", "minimum": 0, "maximum": 100}
+                },
+                "required": ["code"]
+            }),
+        )
+        .tag(Tag::READ_ONLY)
+        .idempotent(true),
+    ]
+}
+
+/// The tools for credentials and policy: `whoami` needs a secret, `transfer` is a financial write.
+fn guarded_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(
+            name("whoami"),
+            "Reports the tenant it runs for and the length of the secret it was given.",
+            json!({"type": "object"}),
+        )
+        .tag(Tag::READ_ONLY)
+        .idempotent(true)
+        .secret(SecretName::new("testkit_key").expect("static secret name")),
+        ToolSpec::new(
+            name("transfer"),
+            "Moves an amount of money to an account in a region.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "amount": {"type": "integer", "minimum": 0},
+                    "region": {"type": "string"},
+                    "account": {"type": "string"}
+                },
+                "required": ["amount", "region", "account"]
+            }),
+        )
+        .tag(Tag::WRITE)
+        .tag(Tag::FINANCIAL)
+        .risk(RiskLevel::Medium),
+    ]
 }
 
 /// The environment variable naming the execution log (see the module documentation).

@@ -1,11 +1,12 @@
-//! Pipeline tests: the engine with the testkit connectors over a real ledger. Every test runs
-//! on both backends from one body (`on_both_ledgers!`): a SQLite file and a PostgreSQL schema
-//! (`ledgers.rs` says where the server comes from); a few PostgreSQL-only tests cover what
-//! only a shared database has (replicas).
+//! Pipeline tests: the engine with the testkit connectors over a real ledger, a fresh SQLite
+//! file per test (`ledger_test!`, see `ledgers.rs`). What only a shared PostgreSQL database
+//! has (replicas) is tested in `postgres.rs`, behind the `postgres-tests` feature.
 
 mod answers;
 mod at_rest;
 mod ledgers;
+#[cfg(feature = "postgres-tests")]
+mod postgres;
 mod resume_promises;
 mod settled;
 mod unparsed;
@@ -27,7 +28,7 @@ use crate::testkit::TestkitConnector;
 use crate::{
     Catalog, CreateRun, Engine, EngineConfig, EngineError, ExecuteOutcome, ExecuteRequest,
 };
-use ledgers::{Backend, Kind, Opened, Place, on_both_ledgers};
+use ledgers::{Backend, Opened, Place, ledger_test};
 
 struct Harness {
     engine: Engine,
@@ -178,19 +179,6 @@ impl Harness {
         self.opened.close().await;
         open_harness(&self.backend, self.place, self.config, self.secrets).await
     }
-
-    /// Another process on the same ledger, this one still running (PostgreSQL only: a SQLite
-    /// file has one store).
-    async fn replica(&self) -> Harness {
-        assert_eq!(self.backend.kind(), Kind::Pg, "replicas share PostgreSQL");
-        open_harness(
-            &self.backend,
-            self.place.clone(),
-            self.config.clone(),
-            self.secrets.clone(),
-        )
-        .await
-    }
 }
 
 impl Harness {
@@ -332,7 +320,7 @@ async fn happy_path_returns_full_result_and_records_redacted_row(backend: Backen
     let report = h.store.verify_chains().await.unwrap();
     assert!(report.first_problem.is_none(), "{report:?}");
 }
-on_both_ledgers!(happy_path_returns_full_result_and_records_redacted_row);
+ledger_test!(happy_path_returns_full_result_and_records_redacted_row);
 
 async fn llm_name_form_is_accepted(backend: Backend) {
     let h = harness(&backend).await;
@@ -340,7 +328,7 @@ async fn llm_name_form_is_accepted(backend: Backend) {
     let outcome = h.call(&run, "testkit__noop", "{}").await;
     assert_eq!(outcome.status, ToolCallStatus::Succeeded, "{outcome:?}");
 }
-on_both_ledgers!(llm_name_form_is_accepted);
+ledger_test!(llm_name_form_is_accepted);
 
 /// One refusal case: the tool and arguments, the expected status, code and a message fragment.
 struct Refusal {
@@ -464,7 +452,7 @@ async fn refusals_are_recorded_with_their_codes(backend: Backend) {
         .count();
     assert_eq!(blocked, 3);
 }
-on_both_ledgers!(refusals_are_recorded_with_their_codes);
+ledger_test!(refusals_are_recorded_with_their_codes);
 
 async fn kill_switch_blocks_before_anything_else(backend: Backend) {
     let h = harness(&backend).await;
@@ -484,7 +472,7 @@ async fn kill_switch_blocks_before_anything_else(backend: Backend) {
             .contains("tool_calling_enabled")
     );
 }
-on_both_ledgers!(kill_switch_blocks_before_anything_else);
+ledger_test!(kill_switch_blocks_before_anything_else);
 
 async fn new_tenants_start_with_tool_calling_disabled(backend: Backend) {
     let h = harness(&backend).await;
@@ -527,7 +515,7 @@ async fn new_tenants_start_with_tool_calling_disabled(backend: Backend) {
     let outcome = h.engine.execute(request).await.unwrap();
     assert_eq!(outcome.error_code(), Some(ErrorCode::FeatureDisabled));
 }
-on_both_ledgers!(new_tenants_start_with_tool_calling_disabled);
+ledger_test!(new_tenants_start_with_tool_calling_disabled);
 
 async fn unknown_tool_lists_registered_tools(backend: Backend) {
     let h = harness(&backend).await;
@@ -554,7 +542,7 @@ async fn unknown_tool_lists_registered_tools(backend: Backend) {
         "{message}"
     );
 }
-on_both_ledgers!(unknown_tool_lists_registered_tools);
+ledger_test!(unknown_tool_lists_registered_tools);
 
 async fn argument_condition_suspends_the_call(backend: Backend) {
     let h = harness(&backend).await;
@@ -598,7 +586,7 @@ async fn argument_condition_suspends_the_call(backend: Backend) {
             .contains(&"tool_call.approval_requested".to_owned())
     );
 }
-on_both_ledgers!(argument_condition_suspends_the_call);
+ledger_test!(argument_condition_suspends_the_call);
 
 async fn a_connector_that_never_answers_times_out_on_the_engines_clock(backend: Backend) {
     let h = harness(&backend).await;
@@ -625,7 +613,7 @@ async fn a_connector_that_never_answers_times_out_on_the_engines_clock(backend: 
             .contains(&"tool_call.timed_out".to_owned())
     );
 }
-on_both_ledgers!(a_connector_that_never_answers_times_out_on_the_engines_clock);
+ledger_test!(a_connector_that_never_answers_times_out_on_the_engines_clock);
 
 async fn a_non_idempotent_timeout_is_an_unknown_outcome(backend: Backend) {
     let h = harness(&backend).await;
@@ -637,7 +625,7 @@ async fn a_non_idempotent_timeout_is_an_unknown_outcome(backend: Backend) {
     assert_eq!(outcome.error_code(), Some(ErrorCode::OutcomeUnknown));
     assert!(outcome.error.unwrap().message.contains("may or may not"));
 }
-on_both_ledgers!(a_non_idempotent_timeout_is_an_unknown_outcome);
+ledger_test!(a_non_idempotent_timeout_is_an_unknown_outcome);
 
 async fn timeout_override_is_bounded_by_the_maximum(backend: Backend) {
     let h = harness_with(
@@ -657,7 +645,7 @@ async fn timeout_override_is_bounded_by_the_maximum(backend: Backend) {
     // succeed after 60 s: timing out is the 150 ms maximum's doing.
     assert_eq!(outcome.status, ToolCallStatus::TimedOut, "{outcome:?}");
 }
-on_both_ledgers!(timeout_override_is_bounded_by_the_maximum);
+ledger_test!(timeout_override_is_bounded_by_the_maximum);
 
 async fn a_panicking_connector_fails_only_its_call(backend: Backend) {
     let h = harness(&backend).await;
@@ -676,7 +664,7 @@ async fn a_panicking_connector_fails_only_its_call(backend: Backend) {
     let next = h.call(&run, "testkit.noop", "{}").await;
     assert_eq!(next.status, ToolCallStatus::Succeeded);
 }
-on_both_ledgers!(a_panicking_connector_fails_only_its_call);
+ledger_test!(a_panicking_connector_fails_only_its_call);
 
 async fn connector_errors_are_sanitized_outcomes(backend: Backend) {
     let h = harness(&backend).await;
@@ -689,7 +677,7 @@ async fn connector_errors_are_sanitized_outcomes(backend: Backend) {
     let message = outcome.error.unwrap().message;
     assert!(!message.contains("xoxb-"), "{message}");
 }
-on_both_ledgers!(connector_errors_are_sanitized_outcomes);
+ledger_test!(connector_errors_are_sanitized_outcomes);
 
 async fn the_budget_is_enforced(backend: Backend) {
     let h = harness(&backend).await;
@@ -704,7 +692,7 @@ async fn the_budget_is_enforced(backend: Backend) {
     assert_eq!(third.status, ToolCallStatus::Blocked);
     assert_eq!(third.error_code(), Some(ErrorCode::BudgetExceeded));
 }
-on_both_ledgers!(the_budget_is_enforced);
+ledger_test!(the_budget_is_enforced);
 
 async fn a_repeated_tool_use_id_replays_and_never_executes_twice(backend: Backend) {
     let h = harness(&backend).await;
@@ -734,7 +722,7 @@ async fn a_repeated_tool_use_id_replays_and_never_executes_twice(backend: Backen
         "{err}"
     );
 }
-on_both_ledgers!(a_repeated_tool_use_id_replays_and_never_executes_twice);
+ledger_test!(a_repeated_tool_use_id_replays_and_never_executes_twice);
 
 async fn malformed_requests_are_refused_and_audited(backend: Backend) {
     let h = harness(&backend).await;
@@ -762,7 +750,7 @@ async fn malformed_requests_are_refused_and_audited(backend: Backend) {
         .count();
     assert_eq!(rejected, 3);
 }
-on_both_ledgers!(malformed_requests_are_refused_and_audited);
+ledger_test!(malformed_requests_are_refused_and_audited);
 
 async fn a_run_refuses_permissions_for_unserved_tools(backend: Backend) {
     let h = harness(&backend).await;
@@ -791,7 +779,7 @@ async fn a_run_refuses_permissions_for_unserved_tools(backend: Backend) {
         .unwrap_err();
     assert!(err.to_string().contains("shopify.order_lookup"), "{err}");
 }
-on_both_ledgers!(a_run_refuses_permissions_for_unserved_tools);
+ledger_test!(a_run_refuses_permissions_for_unserved_tools);
 
 #[derive(Debug)]
 struct OneSecretPerTenant;
@@ -841,7 +829,7 @@ async fn declared_secrets_reach_the_connector_and_missing_ones_fail_clearly(back
         "{outcome:?}"
     );
 }
-on_both_ledgers!(declared_secrets_reach_the_connector_and_missing_ones_fail_clearly);
+ledger_test!(declared_secrets_reach_the_connector_and_missing_ones_fail_clearly);
 
 /// A secret source that finds the secret but cannot read it (a ciphertext that does not
 /// decrypt, a credential store that is down).
@@ -880,7 +868,7 @@ async fn unreadable_secrets_are_unavailable_not_missing(backend: Backend) {
     assert!(message.contains("could not be decrypted"), "{message}");
     assert_eq!(h.ledger_row(&outcome).await.status, ToolCallStatus::Failed);
 }
-on_both_ledgers!(unreadable_secrets_are_unavailable_not_missing);
+ledger_test!(unreadable_secrets_are_unavailable_not_missing);
 
 async fn invalid_policies_are_refused_with_the_problem(backend: Backend) {
     let h = harness(&backend).await;
@@ -910,7 +898,7 @@ async fn invalid_policies_are_refused_with_the_problem(backend: Backend) {
     let (version, _, _) = h.engine.current_policy(&h.tenant).await.unwrap();
     assert_eq!(version, 0, "nothing was stored");
 }
-on_both_ledgers!(invalid_policies_are_refused_with_the_problem);
+ledger_test!(invalid_policies_are_refused_with_the_problem);
 
 async fn concurrent_calls_all_land_in_the_ledger(backend: Backend) {
     let h = Arc::new(harness(&backend).await);
@@ -945,7 +933,7 @@ async fn concurrent_calls_all_land_in_the_ledger(backend: Backend) {
             .is_none()
     );
 }
-on_both_ledgers!(concurrent_calls_all_land_in_the_ledger);
+ledger_test!(concurrent_calls_all_land_in_the_ledger);
 
 #[test]
 fn argument_hashes_ignore_key_order() {
@@ -1013,7 +1001,7 @@ async fn calls_interrupted_by_a_crash_become_outcome_unknown_and_never_rerun(bac
             .is_none()
     );
 }
-on_both_ledgers!(calls_interrupted_by_a_crash_become_outcome_unknown_and_never_rerun);
+ledger_test!(calls_interrupted_by_a_crash_become_outcome_unknown_and_never_rerun);
 
 async fn personal_data_in_outputs_is_redacted_in_the_ledger_only(backend: Backend) {
     let h = harness(&backend).await;
@@ -1036,7 +1024,7 @@ async fn personal_data_in_outputs_is_redacted_in_the_ledger_only(backend: Backen
     assert!(!stored.contains("jane.doe@example.com"), "{stored}");
     assert!(stored.contains("order 1001"), "{stored}");
 }
-on_both_ledgers!(personal_data_in_outputs_is_redacted_in_the_ledger_only);
+ledger_test!(personal_data_in_outputs_is_redacted_in_the_ledger_only);
 
 const APPROVAL_POLICY: &str = r#"
     @id("base") permit(principal, action, resource);
@@ -1139,7 +1127,7 @@ async fn of_concurrent_approvals_exactly_one_executes(backend: Backend) {
             .is_none()
     );
 }
-on_both_ledgers!(of_concurrent_approvals_exactly_one_executes);
+ledger_test!(of_concurrent_approvals_exactly_one_executes);
 
 async fn a_rejection_ends_the_call_and_later_decisions_lose(backend: Backend) {
     let h = harness(&backend).await;
@@ -1207,7 +1195,7 @@ async fn a_rejection_ends_the_call_and_later_decisions_lose(backend: Backend) {
         .await;
     assert!(matches!(wrong_run, Err(EngineError::NotFound(_))));
 }
-on_both_ledgers!(a_rejection_ends_the_call_and_later_decisions_lose);
+ledger_test!(a_rejection_ends_the_call_and_later_decisions_lose);
 
 async fn an_expired_invocation_resolves_as_rejected(backend: Backend) {
     let config = EngineConfig {
@@ -1250,7 +1238,7 @@ async fn an_expired_invocation_resolves_as_rejected(backend: Backend) {
             .contains(&"tool_call.rejected".to_owned())
     );
 }
-on_both_ledgers!(an_expired_invocation_resolves_as_rejected);
+ledger_test!(an_expired_invocation_resolves_as_rejected);
 
 async fn a_failed_approved_execution_asks_again(backend: Backend) {
     let h = harness(&backend).await;
@@ -1312,7 +1300,7 @@ async fn a_failed_approved_execution_asks_again(backend: Backend) {
         0
     );
 }
-on_both_ledgers!(a_failed_approved_execution_asks_again);
+ledger_test!(a_failed_approved_execution_asks_again);
 
 async fn approving_a_policy_denial_is_refused_and_the_row_stays(backend: Backend) {
     let h = harness(&backend).await;
@@ -1383,7 +1371,7 @@ async fn approving_a_policy_denial_is_refused_and_the_row_stays(backend: Backend
         .unwrap();
     assert_eq!(after, crate::ResumeOutcome::ClaimLost);
 }
-on_both_ledgers!(approving_a_policy_denial_is_refused_and_the_row_stays);
+ledger_test!(approving_a_policy_denial_is_refused_and_the_row_stays);
 
 async fn continue_resolves_without_executing_and_races_fairly(backend: Backend) {
     let h = Arc::new(harness(&backend).await);
@@ -1460,7 +1448,7 @@ async fn continue_resolves_without_executing_and_races_fairly(backend: Backend) 
         (0, RunStatus::Active)
     );
 }
-on_both_ledgers!(continue_resolves_without_executing_and_races_fairly);
+ledger_test!(continue_resolves_without_executing_and_races_fairly);
 
 async fn continue_resolves_a_policy_denial(backend: Backend) {
     let h = harness(&backend).await;
@@ -1517,7 +1505,7 @@ async fn continue_resolves_a_policy_denial(backend: Backend) {
         .unwrap();
     assert_eq!(again, crate::ResumeOutcome::ClaimLost);
 }
-on_both_ledgers!(continue_resolves_a_policy_denial);
+ledger_test!(continue_resolves_a_policy_denial);
 
 async fn expired_invocations_are_swept_as_rejected(backend: Backend) {
     let config = EngineConfig {
@@ -1573,161 +1561,105 @@ async fn expired_invocations_are_swept_as_rejected(backend: Backend) {
             .contains(&"tool_call.rejected".to_owned())
     );
 }
-on_both_ledgers!(expired_invocations_are_swept_as_rejected);
+ledger_test!(expired_invocations_are_swept_as_rejected);
 
-/// Replicas sharing one PostgreSQL schema: recovery on one replica never settles a call another
-/// live replica is running, and settles it once that replica is gone (its store closed, which
-/// releases its liveness lock, as its death would).
-async fn recovery_on_a_replica_spares_live_replicas_calls(backend: Backend) {
-    let a = Arc::new(harness(&backend).await);
-    let b = a.replica().await;
-    let run = a.run(None).await;
-    let (in_flight, running) = a.start_slow_call(&run).await;
+/// A configuration with a cache TTL no test outlasts: what the engine caches holds until it
+/// is dropped.
+fn long_cache() -> EngineConfig {
+    EngineConfig {
+        cache_ttl: Duration::from_secs(3600),
+        ..EngineConfig::default()
+    }
+}
 
-    assert_eq!(
-        b.engine.recover_interrupted_calls().await.unwrap(),
-        0,
-        "replica A is alive: its running call is not B's to settle"
-    );
-    assert_eq!(b.call_status(&running.id).await, ToolCallStatus::Running);
-    assert!(
-        !b.event_kinds()
-            .await
-            .contains(&"tool_call.outcome_unknown".to_owned())
-    );
-
-    // Replica A dies: its call never finishes and its store's connections go away.
-    in_flight.abort();
-    assert!(in_flight.await.unwrap_err().is_cancelled());
-    a.opened.close().await;
-
-    // KNOWN LEDGER BUG (intermittent, about 1 run in 50 on a loopback server): this can see 0.
-    // `PgStore::close` promises to release the instance's advisory lock, but it only closes the
-    // connection holding it (sqlx sends Terminate and shuts the socket without waiting), so the
-    // server may still hold the lock when `close` returns and B's `pg_try_advisory_lock` finds
-    // A alive. Fix in the ledger: `SELECT pg_advisory_unlock($1)` (the instance key) on the
-    // liveness connection before closing it. Left strict on purpose: `close` returning means
-    // the lock is free.
-    assert_eq!(
-        b.engine.recover_interrupted_calls().await.unwrap(),
-        1,
-        "A's store is closed: its running call is interrupted"
-    );
-    let row = b
-        .store
-        .get_tool_call(&b.tenant, &running.id)
+/// A kill switch thrown behind this engine's back (on the store, as another process sharing
+/// it does) is not seen while the cached flag is trusted, and holds as soon as the engine
+/// drops its cached configuration (which the gateway does on the store's configuration feed).
+async fn a_kill_switch_thrown_elsewhere_holds_once_the_cache_is_dropped(backend: Backend) {
+    let h = harness_with(&backend, long_cache(), None).await;
+    let run = h.run(None).await;
+    let warm = h.call(&run, "testkit.echo", r#"{"message": "on"}"#).await;
+    assert_eq!(warm.status, ToolCallStatus::Succeeded, "{warm:?}");
+    h.store
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, false, &admin())
         .await
-        .unwrap()
         .unwrap();
-    assert_eq!(
-        (row.status, row.error_code),
-        (
-            ToolCallStatus::OutcomeUnknown,
-            Some(ErrorCode::OutcomeUnknown)
-        )
-    );
-    assert_eq!(
-        b.event_kinds()
-            .await
-            .iter()
-            .filter(|kind| *kind == "tool_call.outcome_unknown")
-            .count(),
-        1
-    );
-    assert_eq!(
-        b.engine.recover_interrupted_calls().await.unwrap(),
-        0,
-        "idempotent"
-    );
-    assert!(
-        b.store
-            .verify_chains()
-            .await
-            .unwrap()
-            .first_problem
-            .is_none()
-    );
-}
-
-#[tokio::test]
-async fn recovery_on_a_replica_spares_live_replicas_calls_pg() {
-    ledgers::run_on(Kind::Pg, recovery_on_a_replica_spares_live_replicas_calls).await;
-}
-
-/// Two replicas serving one run: each sees the other's calls, and their audit events form one
-/// intact chain.
-async fn replicas_share_one_ledger_and_chain(backend: Backend) {
-    let a = harness(&backend).await;
-    let b = a.replica().await;
-    let run = a.run(None).await;
-    let from_a = a
-        .call(&run, "testkit.echo", r#"{"message": "from a"}"#)
+    let cached = h
+        .call(&run, "testkit.echo", r#"{"message": "cached"}"#)
         .await;
-    let from_b = b
-        .call(&run, "testkit.echo", r#"{"message": "from b"}"#)
+    assert_eq!(cached.status, ToolCallStatus::Succeeded, "{cached:?}");
+    h.engine.forget_cached_configuration();
+    let after = h.call(&run, "testkit.echo", r#"{"message": "off"}"#).await;
+    assert_eq!(
+        after.error_code(),
+        Some(ErrorCode::FeatureDisabled),
+        "{after:?}"
+    );
+    // Switched on again through the engine: this process sees it at once.
+    h.engine
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, true, ADMIN_TOKEN)
+        .await
+        .unwrap();
+    let again = h
+        .call(&run, "testkit.echo", r#"{"message": "on again"}"#)
         .await;
-    assert_eq!(from_a.status, ToolCallStatus::Succeeded, "{from_a:?}");
-    assert_eq!(from_b.status, ToolCallStatus::Succeeded, "{from_b:?}");
-    assert_eq!(
-        b.ledger_row(&from_a).await.status,
-        ToolCallStatus::Succeeded
-    );
-    assert_eq!(
-        a.ledger_row(&from_b).await.status,
-        ToolCallStatus::Succeeded
-    );
-    let calls = a
-        .store
-        .list_tool_calls(&a.tenant, &run, None, 100)
+    assert_eq!(again.status, ToolCallStatus::Succeeded, "{again:?}");
+}
+ledger_test!(a_kill_switch_thrown_elsewhere_holds_once_the_cache_is_dropped);
+
+/// A policy set stored behind this engine's back applies once the engine drops its cached
+/// configuration; one uploaded through the engine applies at once.
+async fn a_policy_stored_elsewhere_applies_once_the_cache_is_dropped(backend: Backend) {
+    let h = harness_with(&backend, long_cache(), None).await;
+    let run = h.run(None).await;
+    let forbid_echo = r#"
+        @id("allow-all") permit(principal, action, resource);
+        @id("no-echo") forbid(principal, action == Toolgate::Action::"testkit.echo", resource);
+    "#;
+    let warm = h.call(&run, "testkit.echo", r#"{"message": "a"}"#).await;
+    assert_eq!(warm.status, ToolCallStatus::Succeeded, "{warm:?}");
+    h.store
+        .put_policy_set(&h.tenant, forbid_echo, &admin())
         .await
         .unwrap();
-    assert_eq!(calls.len(), 2);
-    assert!(
-        a.store
-            .verify_chains()
-            .await
-            .unwrap()
-            .first_problem
-            .is_none()
+    let cached = h.call(&run, "testkit.echo", r#"{"message": "b"}"#).await;
+    assert_eq!(cached.status, ToolCallStatus::Succeeded, "{cached:?}");
+    h.engine.forget_cached_configuration();
+    let blocked = h.call(&run, "testkit.echo", r#"{"message": "c"}"#).await;
+    assert_eq!(
+        blocked.error_code(),
+        Some(ErrorCode::PolicyBlocked),
+        "{blocked:?}"
     );
-}
-
-#[tokio::test]
-async fn replicas_share_one_ledger_and_chain_pg() {
-    ledgers::run_on(Kind::Pg, replicas_share_one_ledger_and_chain).await;
-}
-
-/// A kill switch thrown through one replica stops calls on another as soon as that one drops
-/// its cached configuration (which the gateway does on the store's configuration feed).
-async fn a_kill_switch_on_one_replica_reaches_the_other(backend: Backend) {
-    let a = harness(&backend).await;
-    let b = a.replica().await;
-    let run = a.run(None).await;
-    let before = a.call(&run, "testkit.echo", r#"{"message": "on"}"#).await;
-    assert_eq!(before.status, ToolCallStatus::Succeeded, "{before:?}");
-    let mut changes = a
-        .store
-        .subscribe_config_changes()
-        .expect("a PostgreSQL store has a configuration feed");
-    changes.borrow_and_update();
-    b.engine
-        .set_flag(&b.tenant, TOOL_CALLING_ENABLED, false, ADMIN_TOKEN)
+    h.engine
+        .put_policy(&h.tenant, "permit(principal, action, resource);", "test")
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(120), changes.changed())
+    let allowed = h.call(&run, "testkit.echo", r#"{"message": "d"}"#).await;
+    assert_eq!(allowed.status, ToolCallStatus::Succeeded, "{allowed:?}");
+}
+ledger_test!(a_policy_stored_elsewhere_applies_once_the_cache_is_dropped);
+
+/// With a cache TTL of zero nothing is trusted: a change made behind the engine's back holds
+/// at the next call, without dropping anything.
+async fn with_no_cache_ttl_changes_made_elsewhere_hold_at_once(backend: Backend) {
+    let config = EngineConfig {
+        cache_ttl: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = harness_with(&backend, config, None).await;
+    let run = h.run(None).await;
+    let warm = h.call(&run, "testkit.noop", "{}").await;
+    assert_eq!(warm.status, ToolCallStatus::Succeeded, "{warm:?}");
+    h.store
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, false, &admin())
         .await
-        .expect("replica A never heard of B's kill switch")
-        .expect("configuration feed open");
-    a.engine.forget_cached_configuration();
-    let after = a.call(&run, "testkit.echo", r#"{"message": "off"}"#).await;
+        .unwrap();
+    let after = h.call(&run, "testkit.noop", "{}").await;
     assert_eq!(
         after.error_code(),
         Some(ErrorCode::FeatureDisabled),
         "{after:?}"
     );
 }
-
-#[tokio::test]
-async fn a_kill_switch_on_one_replica_reaches_the_other_pg() {
-    ledgers::run_on(Kind::Pg, a_kill_switch_on_one_replica_reaches_the_other).await;
-}
+ledger_test!(with_no_cache_ttl_changes_made_elsewhere_hold_at_once);

@@ -13,7 +13,8 @@ use toolgate_core::{
 use toolgate_ledger::{NewCall, RecordOutcome, SealedAnswer, ToolCallRecord};
 use tracing::warn;
 
-use super::{Engine, outcome_from_record};
+use super::Engine;
+use super::record::outcome_from_record;
 use crate::error::EngineError;
 use crate::outcome::ExecuteOutcome;
 

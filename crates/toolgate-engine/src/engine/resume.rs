@@ -11,6 +11,13 @@ use toolgate_ledger::{
     ResolvePending, ToolCallRecord,
 };
 
+use tracing::warn;
+
+use super::Engine;
+use super::pipeline::{Execution, Tool};
+use crate::error::EngineError;
+use crate::outcome::{ResumeDecision, ResumeOutcome, ResumeRequest};
+
 /// What sealed pending arguments are bound to, with the tenant and the call id: a re-pended
 /// row (a new id, the same call) carries the same sealed text.
 const PENDING_CONTEXT: &str = "pending_arguments";
@@ -18,12 +25,6 @@ const PENDING_CONTEXT: &str = "pending_arguments";
 fn pending_context(call: &ToolCallRecord) -> [&str; 3] {
     [PENDING_CONTEXT, call.tenant.as_str(), call.id.as_str()]
 }
-
-use tracing::warn;
-
-use super::Engine;
-use crate::error::EngineError;
-use crate::outcome::{ResumeDecision, ResumeOutcome, ResumeRequest};
 
 impl Engine {
     /// Applies a human decision to a pending invocation of `request.run`.
@@ -364,10 +365,16 @@ impl Engine {
             .unwrap_or(spec.default_timeout)
             .min(self.config.max_timeout);
         let verdict = (pending.decision, call.risk_level.unwrap_or(spec.risk));
-        let outcome = self
-            .run_connector(&call, &spec, connector, arguments, timeout, verdict)
-            .await?;
-        if may_run_again(outcome.status, spec.idempotent) {
+        let idempotent = spec.idempotent;
+        let execution = Execution {
+            call: &call,
+            tool: Tool { spec, connector },
+            arguments,
+            timeout,
+            verdict,
+        };
+        let outcome = self.run_connector(execution).await?;
+        if may_run_again(outcome.status, idempotent) {
             self.repend_after_failure(&pending, &call, &outcome.error)
                 .await?;
         }

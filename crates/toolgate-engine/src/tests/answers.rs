@@ -1,6 +1,6 @@
 //! Replays are the answer they repeat (sealed full answers, kept for their retention), the
 //! outcome of an approved call can be collected, and a refused call is evaluated again when
-//! it is repeated, on both ledgers.
+//! it is repeated.
 
 use super::*;
 use crate::ResumeDecision;
@@ -67,7 +67,7 @@ async fn a_replay_is_the_full_answer_with_every_field(backend: Backend) {
     assert!(bytes.len() > SECRET.len());
     assert!(!bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()));
 }
-on_both_ledgers!(a_replay_is_the_full_answer_with_every_field);
+ledger_test!(a_replay_is_the_full_answer_with_every_field);
 
 async fn a_failed_call_replays_its_original_error(backend: Backend) {
     let h = harness(&backend).await;
@@ -92,7 +92,7 @@ async fn a_failed_call_replays_its_original_error(backend: Backend) {
         .count();
     assert_eq!(outcomes, 1, "the connector ran once");
 }
-on_both_ledgers!(a_failed_call_replays_its_original_error);
+ledger_test!(a_failed_call_replays_its_original_error);
 
 async fn a_replay_of_a_waiting_call_names_its_pending_invocation(backend: Backend) {
     let h = harness(&backend).await;
@@ -109,7 +109,7 @@ async fn a_replay_of_a_waiting_call_names_its_pending_invocation(backend: Backen
     assert_eq!(again.decision, Some(Decision::RequireExpertApproval));
     assert_eq!(again.risk, first.risk);
 }
-on_both_ledgers!(a_replay_of_a_waiting_call_names_its_pending_invocation);
+ledger_test!(a_replay_of_a_waiting_call_names_its_pending_invocation);
 
 async fn after_an_approval_the_agent_collects_the_full_outcome(backend: Backend) {
     let h = Arc::new(harness(&backend).await);
@@ -187,7 +187,7 @@ async fn after_an_approval_the_agent_collects_the_full_outcome(backend: Backend)
         "{stranger:?}"
     );
 }
-on_both_ledgers!(after_an_approval_the_agent_collects_the_full_outcome);
+ledger_test!(after_an_approval_the_agent_collects_the_full_outcome);
 
 async fn answers_are_purged_after_their_retention(backend: Backend) {
     let config = EngineConfig {
@@ -225,7 +225,7 @@ async fn answers_are_purged_after_their_retention(backend: Backend) {
     assert!(after.replayed && after.redacted);
     assert_eq!(after.status, ToolCallStatus::Succeeded);
 }
-on_both_ledgers!(answers_are_purged_after_their_retention);
+ledger_test!(answers_are_purged_after_their_retention);
 
 async fn a_refused_call_is_evaluated_again_when_repeated(backend: Backend) {
     let h = harness(&backend).await;
@@ -294,7 +294,7 @@ async fn a_refused_call_is_evaluated_again_when_repeated(backend: Backend) {
             .is_none()
     );
 }
-on_both_ledgers!(a_refused_call_is_evaluated_again_when_repeated);
+ledger_test!(a_refused_call_is_evaluated_again_when_repeated);
 
 async fn a_policy_denial_is_evaluated_again_after_the_policy_changed(backend: Backend) {
     let h = harness(&backend).await;
@@ -336,7 +336,7 @@ async fn a_policy_denial_is_evaluated_again_after_the_policy_changed(backend: Ba
     let run_record = h.engine.get_run(&h.tenant, &run).await.unwrap();
     assert_eq!(run_record.pending_approvals, 0);
 }
-on_both_ledgers!(a_policy_denial_is_evaluated_again_after_the_policy_changed);
+ledger_test!(a_policy_denial_is_evaluated_again_after_the_policy_changed);
 
 async fn a_human_rejection_is_final(backend: Backend) {
     let h = harness(&backend).await;
@@ -354,7 +354,7 @@ async fn a_human_rejection_is_final(backend: Backend) {
     assert_eq!(again.decision, Some(Decision::RequireExpertApproval));
     assert_eq!(h.ledger_row(&first).await.evaluation, 1);
 }
-on_both_ledgers!(a_human_rejection_is_final);
+ledger_test!(a_human_rejection_is_final);
 
 async fn concurrent_repeats_of_a_refusal_execute_once(backend: Backend) {
     let h = Arc::new(harness(&backend).await);
@@ -397,7 +397,7 @@ async fn concurrent_repeats_of_a_refusal_execute_once(backend: Backend) {
         .count();
     assert_eq!(succeeded, 1, "executed once");
 }
-on_both_ledgers!(concurrent_repeats_of_a_refusal_execute_once);
+ledger_test!(concurrent_repeats_of_a_refusal_execute_once);
 
 async fn a_repeat_over_budget_is_refused_again_without_counting(backend: Backend) {
     let h = harness(&backend).await;
@@ -431,4 +431,4 @@ async fn a_repeat_over_budget_is_refused_again_without_counting(backend: Backend
             .is_none()
     );
 }
-on_both_ledgers!(a_repeat_over_budget_is_refused_again_without_counting);
+ledger_test!(a_repeat_over_budget_is_refused_again_without_counting);

@@ -1,6 +1,6 @@
 //! Nothing the caller sends is kept in clear: a suspended call's arguments are sealed (and
 //! open for the approved execution), a policy denial keeps none, a credential given as the
-//! tool name is recorded redacted, and identifiers holding one are refused, on both ledgers.
+//! tool name is recorded redacted, and identifiers holding one are refused.
 
 use super::*;
 use crate::ResumeDecision;
@@ -86,7 +86,7 @@ async fn suspended_arguments_are_sealed_and_open_for_the_approval(backend: Backe
         .unwrap();
     assert_eq!(row.arguments, toolgate_ledger::PendingArguments::Dropped);
 }
-on_both_ledgers!(suspended_arguments_are_sealed_and_open_for_the_approval);
+ledger_test!(suspended_arguments_are_sealed_and_open_for_the_approval);
 
 async fn a_policy_denial_keeps_no_arguments(backend: Backend) {
     let h = harness(&backend).await;
@@ -125,7 +125,7 @@ async fn a_policy_denial_keeps_no_arguments(backend: Backend) {
         .unwrap();
     assert!(matches!(rejected, crate::ResumeOutcome::Rejected { .. }));
 }
-on_both_ledgers!(a_policy_denial_keeps_no_arguments);
+ledger_test!(a_policy_denial_keeps_no_arguments);
 
 async fn a_credential_given_as_the_tool_name_is_recorded_redacted(backend: Backend) {
     let h = harness(&backend).await;
@@ -148,7 +148,7 @@ async fn a_credential_given_as_the_tool_name_is_recorded_redacted(backend: Backe
     assert!(!text.contains("abcdefghijkl"), "{text}");
     assert!(!text.contains("123456789012"), "{text}");
 }
-on_both_ledgers!(a_credential_given_as_the_tool_name_is_recorded_redacted);
+ledger_test!(a_credential_given_as_the_tool_name_is_recorded_redacted);
 
 async fn identifiers_holding_a_credential_are_refused_without_repeating_it(backend: Backend) {
     let h = harness(&backend).await;
@@ -180,7 +180,7 @@ async fn identifiers_holding_a_credential_are_refused_without_repeating_it(backe
         2
     );
 }
-on_both_ledgers!(identifiers_holding_a_credential_are_refused_without_repeating_it);
+ledger_test!(identifiers_holding_a_credential_are_refused_without_repeating_it);
 
 async fn clear_arguments_left_by_an_engine_without_keys_are_sealed_by_a_rewrap(backend: Backend) {
     let h = harness(&backend).await;
@@ -253,4 +253,4 @@ async fn clear_arguments_left_by_an_engine_without_keys_are_sealed_by_a_rewrap(b
         "{outcome:?}"
     );
 }
-on_both_ledgers!(clear_arguments_left_by_an_engine_without_keys_are_sealed_by_a_rewrap);
+ledger_test!(clear_arguments_left_by_an_engine_without_keys_are_sealed_by_a_rewrap);

@@ -1,56 +1,35 @@
-//! The ledgers the engine tests run on. Every test runs twice, from one body (see
-//! [`on_both_ledgers!`]): on SQLite (a fresh file in a temporary directory) and on PostgreSQL (a
-//! fresh, uniquely named schema of the test database).
-//!
-//! PostgreSQL: the URL comes from `TOOLGATE_TEST_PG_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/test`, what `cargo xtask ci` finds or starts). A server
-//! that cannot be reached fails the test with a message naming the URL and the variable;
-//! nothing is skipped. A test that passes closes its stores and drops its schemas
-//! (`DROP SCHEMA ... CASCADE`); a failing one leaves them for inspection and says which.
-//!
-//! No test here pauses tokio's clock: under paused time tokio advances the clock whenever the
-//! runtime is idle, which includes waiting for a PostgreSQL answer, so sqlx's connect and
-//! acquire timeouts would fire at once.
+//! The ledgers the engine tests run on: each test gets a fresh SQLite file in a temporary
+//! directory ([`ledger_test!`]). The engine sees the ledger only through the `Store` trait,
+//! whose contract the ledger's own tests hold both backends to, so the engine's tests run on
+//! SQLite alone: fast, and without a server. What only PostgreSQL has (replicas sharing one
+//! ledger) is tested in `postgres.rs`, behind the `postgres-tests` feature.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::Connection as _;
-use toolgate_ledger::{PgOptions, PgStore, SqliteStore, Store};
+use toolgate_ledger::{SqliteStore, Store};
 
-/// The variable naming the test PostgreSQL server.
-pub(super) const PG_URL_ENV: &str = "TOOLGATE_TEST_PG_URL";
-/// The server used when the variable is unset.
-pub(super) const PG_DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// Generates, for an `async fn $name(backend: Backend)` test body, the module `$name` with the
-/// two tests `$name::sqlite` and `$name::pg` (`cargo test ::pg` runs the PostgreSQL half).
+/// Generates, for an `async fn $name(backend: Backend)` test body, the test `$name::sqlite`.
 /// The body is an ordinary function, so rustfmt and clippy see it; `macro_rules!` cannot
-/// build the identifiers `$name_sqlite` and `$name_pg` without a proc-macro crate, and a
-/// module and a function may share a name.
-macro_rules! on_both_ledgers {
+/// build the identifier `$name_sqlite` without a proc-macro crate, and a module and a
+/// function may share a name.
+macro_rules! ledger_test {
     ($name:ident) => {
         mod $name {
             #[tokio::test]
             async fn sqlite() {
                 super::ledgers::run_on(super::ledgers::Kind::Sqlite, super::$name).await;
             }
-
-            #[tokio::test]
-            async fn pg() {
-                super::ledgers::run_on(super::ledgers::Kind::Pg, super::$name).await;
-            }
         }
     };
 }
-pub(super) use on_both_ledgers;
+pub(super) use ledger_test;
 
 /// Which backend a test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
     Sqlite,
+    #[cfg(feature = "postgres-tests")]
     Pg,
 }
 
@@ -73,14 +52,27 @@ struct Resources {
 #[derive(Clone, Debug)]
 pub(super) enum Place {
     Sqlite(Arc<tempfile::TempDir>),
-    Pg { url: String, schema: String },
+    #[cfg(feature = "postgres-tests")]
+    Pg(super::postgres::Schema),
 }
 
 impl Place {
+    /// Removes what the test left: a PostgreSQL schema is dropped; a SQLite directory goes
+    /// with its last handle.
+    async fn clean_up(self) {
+        match self {
+            Place::Sqlite(dir) => drop(dir),
+            #[cfg(feature = "postgres-tests")]
+            Place::Pg(schema) => schema.drop_schema().await,
+        }
+    }
+
     fn same_as(&self, other: &Place) -> bool {
         match (self, other) {
             (Place::Sqlite(a), Place::Sqlite(b)) => Arc::ptr_eq(a, b),
-            (Place::Pg { schema: a, .. }, Place::Pg { schema: b, .. }) => a == b,
+            #[cfg(feature = "postgres-tests")]
+            (Place::Pg(a), Place::Pg(b)) => a.name == b.name,
+            #[cfg(feature = "postgres-tests")]
             _ => false,
         }
     }
@@ -90,7 +82,8 @@ impl Place {
 #[derive(Clone, Debug)]
 pub(super) enum Opened {
     Sqlite(Arc<SqliteStore>),
-    Pg(Arc<PgStore>),
+    #[cfg(feature = "postgres-tests")]
+    Pg(Arc<toolgate_ledger::PgStore>),
 }
 
 impl Opened {
@@ -98,6 +91,7 @@ impl Opened {
     pub(super) fn store(&self) -> Arc<dyn Store> {
         match self {
             Opened::Sqlite(store) => Arc::clone(store) as Arc<dyn Store>,
+            #[cfg(feature = "postgres-tests")]
             Opened::Pg(store) => Arc::clone(store) as Arc<dyn Store>,
         }
     }
@@ -107,6 +101,7 @@ impl Opened {
     pub(super) async fn close(&self) {
         match self {
             Opened::Sqlite(store) => store.close().await,
+            #[cfg(feature = "postgres-tests")]
             Opened::Pg(store) => store.close().await,
         }
     }
@@ -122,13 +117,16 @@ where
         kind,
         resources: Arc::default(),
     };
+    #[cfg(feature = "postgres-tests")]
     let report = KeptOnFailure(backend.clone());
     test(backend.clone()).await;
+    #[cfg(feature = "postgres-tests")]
     drop(report);
     backend.clean_up().await;
 }
 
 impl Backend {
+    #[cfg(feature = "postgres-tests")]
     pub(super) fn kind(&self) -> Kind {
         self.kind
     }
@@ -137,10 +135,8 @@ impl Backend {
     pub(super) fn fresh_place(&self) -> Place {
         match self.kind {
             Kind::Sqlite => Place::Sqlite(Arc::new(tempfile::tempdir().expect("temp dir"))),
-            Kind::Pg => Place::Pg {
-                url: pg_url(),
-                schema: unique_schema(),
-            },
+            #[cfg(feature = "postgres-tests")]
+            Kind::Pg => Place::Pg(super::postgres::Schema::fresh()),
         }
     }
 
@@ -152,16 +148,8 @@ impl Backend {
                     .await
                     .expect("open the SQLite ledger"),
             )),
-            Place::Pg { url, schema } => {
-                let options = PgOptions {
-                    url: url.clone(),
-                    schema: Some(schema.clone()),
-                };
-                match PgStore::connect(&options).await {
-                    Ok(store) => Opened::Pg(Arc::new(store)),
-                    Err(error) => panic!("{}", unreachable_message(url, &error.to_string())),
-                }
-            }
+            #[cfg(feature = "postgres-tests")]
+            Place::Pg(schema) => Opened::Pg(Arc::new(schema.open().await)),
         };
         let mut resources = self.lock();
         resources.opened.push(opened.clone());
@@ -171,16 +159,14 @@ impl Backend {
         opened
     }
 
-    /// Closes every store the test opened and drops its PostgreSQL schemas.
+    /// Closes every store the test opened (and drops its PostgreSQL schemas).
     async fn clean_up(&self) {
         let Resources { places, opened } = std::mem::take(&mut *self.lock());
         for store in &opened {
             store.close().await;
         }
         for place in places {
-            if let Place::Pg { url, schema } = place {
-                drop_schema(&url, &schema).await;
-            }
+            place.clean_up().await;
         }
     }
 
@@ -192,99 +178,18 @@ impl Backend {
 }
 
 /// Says, when a test fails, which PostgreSQL schemas it leaves behind for inspection.
+#[cfg(feature = "postgres-tests")]
 struct KeptOnFailure(Backend);
 
+#[cfg(feature = "postgres-tests")]
 impl Drop for KeptOnFailure {
     fn drop(&mut self) {
         if std::thread::panicking() {
             for place in &self.0.lock().places {
-                if let Place::Pg { url, schema } = place {
-                    eprintln!(
-                        "test failed: PostgreSQL schema {schema} kept for inspection in {} \
-                         (drop it with DROP SCHEMA {schema} CASCADE)",
-                        redact_url(url)
-                    );
+                if let Place::Pg(schema) = place {
+                    schema.report_kept();
                 }
             }
         }
     }
-}
-
-/// The test server's URL: `TOOLGATE_TEST_PG_URL`, or the default.
-pub(super) fn pg_url() -> String {
-    std::env::var(PG_URL_ENV)
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| PG_DEFAULT_URL.to_owned())
-}
-
-/// `tg_e_<pid>_<counter>_<nanos>`: unique across the tests of this process (counter) and across
-/// processes and runs (pid, time), lowercase, well under PostgreSQL's 63 characters.
-fn unique_schema() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "tg_e_{}_{}_{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn drop_schema(url: &str, schema: &str) {
-    let mut conn = sqlx::PgConnection::connect(url)
-        .await
-        .unwrap_or_else(|error| panic!("{}", unreachable_message(url, &error.to_string())));
-    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut conn)
-        .await
-        .unwrap_or_else(|error| panic!("could not drop the test schema {schema}: {error}"));
-    let _ = conn.close().await;
-}
-
-fn unreachable_message(url: &str, error: &str) -> String {
-    let origin = if std::env::var(PG_URL_ENV).is_ok_and(|url| !url.trim().is_empty()) {
-        format!("from {PG_URL_ENV}")
-    } else {
-        format!("the default; {PG_URL_ENV} is not set")
-    };
-    format!(
-        "\n\n==================== PostgreSQL NOT AVAILABLE ====================\n\
-         The toolgate-engine tests run every test on PostgreSQL as well as SQLite, and\n\
-         PostgreSQL could not be reached or set up. These tests are never skipped.\n\
-         \n  URL:   {} ({origin})\n  error: {error}\n\n\
-         Start a server there, or set {PG_URL_ENV}=postgres://USER@HOST:PORT/DATABASE to one\n\
-         where USER may create and drop schemas (`cargo xtask ci` finds or starts one).\n\
-         ==================================================================\n",
-        redact_url(url)
-    )
-}
-
-/// The URL without its password, for messages.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[test]
-fn urls_are_shown_without_their_password() {
-    assert_eq!(
-        redact_url("postgres://u:secret@h:5432/db"),
-        "postgres://u:***@h:5432/db"
-    );
-    assert_eq!(redact_url(PG_DEFAULT_URL), PG_DEFAULT_URL);
-    assert_eq!(redact_url("not a url"), "not a url");
 }

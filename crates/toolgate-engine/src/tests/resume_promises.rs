@@ -1,6 +1,6 @@
 //! What an approval promises: it runs under the timeout the agent asked for, never repeats a
 //! write whose outcome is unknown, stops at the kill switch, and records the status and
-//! attempts the connector reported. Every test runs on both ledgers.
+//! attempts the connector reported.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,8 +8,8 @@ use std::time::Duration;
 use toolgate_core::{ErrorCode, ToolCallStatus};
 use toolgate_ledger::{PendingFilter, PendingOrigin, PendingState, TOOL_CALLING_ENABLED};
 
-use super::ledgers::{self, Backend, Kind, on_both_ledgers};
-use super::{ADMIN_TOKEN, Harness, harness, resume_request};
+use super::ledgers::{self, Backend, ledger_test};
+use super::{ADMIN_TOKEN, EngineConfig, Harness, admin, harness, harness_with, resume_request};
 use crate::{ExecuteOutcome, ResumeDecision, ResumeOutcome};
 
 /// Approval for the sleepers and the failer; everything else runs.
@@ -26,9 +26,9 @@ const POLICY: &str = r#"
         when { context.args.amount > 1000 };
 "#;
 
-const TRANSFER: &str = r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#;
+pub(super) const TRANSFER: &str = r#"{"amount": 5000, "region": "us-east-1", "account": "a"}"#;
 
-async fn approving(backend: &Backend) -> Harness {
+pub(super) async fn approving(backend: &Backend) -> Harness {
     let h = harness(backend).await;
     h.engine
         .put_policy(&h.tenant, POLICY, "test")
@@ -38,7 +38,7 @@ async fn approving(backend: &Backend) -> Harness {
 }
 
 /// Suspends `tool` with `arguments` and an optional per-call timeout; the pending id.
-async fn suspend(
+pub(super) async fn suspend(
     h: &Harness,
     run: &toolgate_core::RunId,
     tool: &str,
@@ -56,7 +56,7 @@ async fn suspend(
     outcome.pending_invocation_id.unwrap()
 }
 
-async fn decide(
+pub(super) async fn decide(
     h: &Harness,
     run: &toolgate_core::RunId,
     pending: &str,
@@ -116,7 +116,7 @@ async fn an_approved_call_runs_under_the_timeout_it_asked_for(backend: Backend) 
     let outcome = executed(decide(&h, &run, &pending, ResumeDecision::Approve).await);
     assert_eq!(outcome.status, ToolCallStatus::Succeeded, "{outcome:?}");
 }
-on_both_ledgers!(an_approved_call_runs_under_the_timeout_it_asked_for);
+ledger_test!(an_approved_call_runs_under_the_timeout_it_asked_for);
 
 async fn an_approved_write_with_an_unknown_outcome_is_not_offered_again(backend: Backend) {
     let h = approving(&backend).await;
@@ -196,7 +196,7 @@ async fn an_approved_write_with_an_unknown_outcome_is_not_offered_again(backend:
     let run_after = h.engine.get_run(&h.tenant, &run).await.unwrap();
     assert_eq!(run_after.pending_approvals, 1, "only the failed call waits");
 }
-on_both_ledgers!(an_approved_write_with_an_unknown_outcome_is_not_offered_again);
+ledger_test!(an_approved_write_with_an_unknown_outcome_is_not_offered_again);
 
 async fn the_kill_switch_stops_approvals_but_not_rejections(backend: Backend) {
     let h = approving(&backend).await;
@@ -268,44 +268,39 @@ async fn the_kill_switch_stops_approvals_but_not_rejections(backend: Backend) {
         "{kinds:?}"
     );
 }
-on_both_ledgers!(the_kill_switch_stops_approvals_but_not_rejections);
+ledger_test!(the_kill_switch_stops_approvals_but_not_rejections);
 
-/// A kill switch thrown through one replica stops an approval on another, which had the flag
-/// cached as on, once it drops its cached configuration (as the gateway does when PostgreSQL
-/// notifies it).
-async fn a_kill_switch_on_one_replica_stops_approvals_on_the_other(backend: Backend) {
-    let a = approving(&backend).await;
-    let b = a.replica().await;
-    let run = a.run(None).await;
-    let pending = suspend(&a, &run, "testkit.transfer", TRANSFER, None).await;
-    let warm = b.call(&run, "testkit.noop", "{}").await;
-    assert_eq!(
-        warm.status,
-        ToolCallStatus::Succeeded,
-        "B caches the flag as on"
-    );
-    a.engine
-        .set_flag(&a.tenant, TOOL_CALLING_ENABLED, false, ADMIN_TOKEN)
+/// A kill switch thrown behind this engine's back (on the store, as another process sharing
+/// it does) stops an approval once the engine drops its cached configuration, though the flag
+/// was cached as on; the invocation stays pending.
+async fn a_kill_switch_thrown_elsewhere_stops_approvals_once_the_cache_is_dropped(
+    backend: Backend,
+) {
+    let config = EngineConfig {
+        cache_ttl: Duration::from_secs(3600),
+        ..EngineConfig::default()
+    };
+    let h = harness_with(&backend, config, None).await;
+    h.engine
+        .put_policy(&h.tenant, POLICY, "test")
         .await
         .unwrap();
-    b.engine.forget_cached_configuration();
-    let refused = decide(&b, &run, &pending, ResumeDecision::Approve).await;
+    let run = h.run(None).await;
+    let pending = suspend(&h, &run, "testkit.transfer", TRANSFER, None).await;
+    h.store
+        .set_flag(&h.tenant, TOOL_CALLING_ENABLED, false, &admin())
+        .await
+        .unwrap();
+    h.engine.forget_cached_configuration();
+    let refused = decide(&h, &run, &pending, ResumeDecision::Approve).await;
     assert!(
         matches!(refused, ResumeOutcome::FeatureDisabled { .. }),
         "{refused:?}"
     );
-    let row = a.store.get_pending(&a.tenant, &pending).await.unwrap();
+    let row = h.store.get_pending(&h.tenant, &pending).await.unwrap();
     assert_eq!(row.unwrap().state, PendingState::Pending);
 }
-
-#[tokio::test]
-async fn a_kill_switch_on_one_replica_stops_approvals_on_the_other_pg() {
-    ledgers::run_on(
-        Kind::Pg,
-        a_kill_switch_on_one_replica_stops_approvals_on_the_other,
-    )
-    .await;
-}
+ledger_test!(a_kill_switch_thrown_elsewhere_stops_approvals_once_the_cache_is_dropped);
 
 /// The status and attempts a connector's error reports reach the outcome, the ledger row and
 /// the terminal audit event.
@@ -373,4 +368,4 @@ async fn a_connectors_error_is_recorded_as_it_says(backend: Backend) {
         );
     }
 }
-on_both_ledgers!(a_connectors_error_is_recorded_as_it_says);
+ledger_test!(a_connectors_error_is_recorded_as_it_says);

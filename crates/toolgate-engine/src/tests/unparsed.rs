@@ -3,7 +3,7 @@
 
 use toolgate_core::ToolCallStatus;
 
-use super::ledgers::{self, Backend, on_both_ledgers};
+use super::ledgers::{self, Backend, ledger_test};
 use super::{EngineConfig, harness_with};
 
 /// Where the old cut (1024 characters) falls inside each secret; the filler before it has
@@ -67,4 +67,4 @@ async fn unparsable_arguments_are_redacted_before_they_are_cut(backend: Backend)
         }
     }
 }
-on_both_ledgers!(unparsable_arguments_are_redacted_before_they_are_cut);
+ledger_test!(unparsable_arguments_are_redacted_before_they_are_cut);
