@@ -120,9 +120,7 @@ async fn sigterm_drains_calls_ends_streams_and_exits_zero() {
 
     // A new call is refused with UNAVAILABLE, saying why, and never reaches the ledger.
     let refused = gateway
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
+        .try_execute(&token, execute(&run, "testkit.noop", "{}"))
         .await
         .expect_err("new calls are refused while draining");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
