@@ -277,6 +277,38 @@ impl Gateway {
             .into_inner()
     }
 
+    /// `WatchRun` of `run` after `after_cursor` with the agent `token`; the gRPC error, if any.
+    pub async fn try_watch_run(
+        &self,
+        token: &str,
+        run: &str,
+        after_cursor: i64,
+    ) -> Result<tonic::Streaming<pb::RunEvent>, tonic::Status> {
+        self.agent()
+            .await
+            .watch_run(authed(
+                pb::WatchRunRequest {
+                    run_id: run.into(),
+                    after_cursor,
+                },
+                token,
+            ))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// `WatchRun` of `run` after `after_cursor` with the agent `token`: its stream.
+    pub async fn watch_run(
+        &self,
+        token: &str,
+        run: &str,
+        after_cursor: i64,
+    ) -> tonic::Streaming<pb::RunEvent> {
+        self.try_watch_run(token, run, after_cursor)
+            .await
+            .unwrap_or_else(|e| panic!("watch run {run}: {e}"))
+    }
+
     /// An approvals client.
     pub async fn approvals(&self) -> ApprovalServiceClient<tonic::transport::Channel> {
         ApprovalServiceClient::new(self.channel().await)

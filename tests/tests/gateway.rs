@@ -424,22 +424,9 @@ async fn a_call_interrupted_by_a_crash_is_outcome_unknown_after_restart() {
     let in_flight =
         tokio::spawn(async move { agent.execute_tool(authed(request, &token_for_call)).await });
     // Wait until the call's `running` row is committed, then kill the process outright.
-    let mut agent = gateway.agent().await;
     let mut call_id = String::new();
     for _ in 0..200 {
-        let calls = agent
-            .list_tool_calls(authed(
-                pb::ListToolCallsRequest {
-                    run_id: run.clone(),
-                    page_token: String::new(),
-                    page_size: 0,
-                },
-                &token,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .tool_calls;
+        let calls = gateway.tool_calls(&token, &run).await;
         if let Some(call) = calls.first() {
             assert_eq!(call.status(), pb::ToolCallStatus::Running);
             call_id = call.tool_call_id.clone();

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use toolgate_e2e::{BIG_TRANSFER, Gateway, PgSchema, authed};
+use toolgate_e2e::{BIG_TRANSFER, Gateway, PgSchema};
 use toolgate_proto::v1 as pb;
 
 /// Reads events until one of `kind` arrives (or 10 s pass).
@@ -40,28 +40,12 @@ async fn a_waiting_runtime_sees_the_approved_outcome_and_can_resume_from_a_curso
     let other = gateway
         .tenant("globex", "support", &["testkit.transfer"])
         .await;
-    let mut agent = gateway.agent().await;
     let run = gateway.open_run(&token, "support", 0).await;
-    let watch = |after: i64, token: &str| {
-        authed(
-            pb::WatchRunRequest {
-                run_id: run.clone(),
-                after_cursor: after,
-            },
-            token,
-        )
-    };
 
-    let foreign = agent.watch_run(watch(0, &other)).await.unwrap_err();
+    let foreign = gateway.try_watch_run(&other, &run, 0).await.unwrap_err();
     assert_eq!(foreign.code(), tonic::Code::NotFound);
 
-    let mut stream = gateway
-        .agent()
-        .await
-        .watch_run(watch(0, &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = gateway.watch_run(&token, &run, 0).await;
     let held = gateway
         .call(&token, &run, "testkit.transfer", BIG_TRANSFER)
         .await;
@@ -97,13 +81,7 @@ async fn a_waiting_runtime_sees_the_approved_outcome_and_can_resume_from_a_curso
     assert!(seen.iter().all(|e| e.tool_call_id == held.tool_call_id));
 
     // A client that reconnects from the cursor it last saw gets exactly what came after.
-    let mut resumed = gateway
-        .agent()
-        .await
-        .watch_run(watch(approval_cursor, &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut resumed = gateway.watch_run(&token, &run, approval_cursor).await;
     let mut again = Vec::new();
     until(&mut resumed, "tool_call.succeeded", &mut again).await;
     let kinds: Vec<&str> = again.iter().map(|e| e.kind.as_str()).collect();
@@ -121,19 +99,7 @@ async fn pg_a_runtime_watching_one_replica_sees_a_decision_made_on_another() {
     let token = acme.token.clone();
     let run = first.open_run(&token, "support", 0).await;
 
-    let mut stream = first
-        .agent()
-        .await
-        .watch_run(authed(
-            pb::WatchRunRequest {
-                run_id: run.clone(),
-                after_cursor: 0,
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = first.watch_run(&token, &run, 0).await;
     let held = second
         .call(&token, &run, "testkit.transfer", BIG_TRANSFER)
         .await;
