@@ -11,6 +11,10 @@
 //!
 //! Executions are counted outside the gateways with an [`ExecutionLog`]: the testkit
 //! connector appends one line per invocation to the file named by `TESTKIT_EXECUTION_LOG`.
+//!
+//! The set-up tests repeat (a tenant, its agent, grants, the kill switch, tokens, a policy,
+//! credentials, the connector fakes' configuration) is in [`setup`]; the gateways of a test
+//! that runs on both backends (one on SQLite, two replicas on PostgreSQL) in [`cluster`].
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -27,6 +31,13 @@ use tonic::transport::Channel;
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_client::AdminServiceClient;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
+
+pub mod cluster;
+pub mod setup;
+pub use cluster::{Backend, Cluster};
+pub use setup::{
+    BIG_TRANSFER, BIG_TRANSFERS_NEED_APPROVAL, SHOPIFY_CONFIG, Tenant, TenantSetup, slack_config,
+};
 
 /// The gateway binary under test: `TOOLGATE_BIN`, or `toolgate` next to the test executable's
 /// target directory. It must be a `testkit` build.
@@ -121,73 +132,6 @@ impl Gateway {
     /// An agent client.
     pub async fn agent(&self) -> AgentServiceClient<Channel> {
         AgentServiceClient::new(self.channel().await)
-    }
-
-    /// Creates a tenant with one agent, grants `tools`, enables tool calling and returns an
-    /// agent token.
-    pub async fn tenant(&self, tenant: &str, agent: &str, tools: &[&str]) -> String {
-        let mut admin = self.admin().await;
-        let token = &self.admin_token;
-        admin
-            .create_tenant(authed(
-                pb::CreateTenantRequest {
-                    tenant_id: tenant.into(),
-                    name: tenant.into(),
-                },
-                token,
-            ))
-            .await
-            .expect("create tenant");
-        admin
-            .create_agent(authed(
-                pb::CreateAgentRequest {
-                    tenant_id: tenant.into(),
-                    agent_id: agent.into(),
-                    name: agent.into(),
-                },
-                token,
-            ))
-            .await
-            .expect("create agent");
-        for tool in tools {
-            admin
-                .set_permission(authed(
-                    pb::SetPermissionRequest {
-                        tenant_id: tenant.into(),
-                        agent_id: String::new(),
-                        tool_name: (*tool).into(),
-                        enabled: true,
-                    },
-                    token,
-                ))
-                .await
-                .expect("grant tool");
-        }
-        admin
-            .set_feature_flag(authed(
-                pb::SetFeatureFlagRequest {
-                    tenant_id: tenant.into(),
-                    flag: "tool_calling_enabled".into(),
-                    enabled: true,
-                },
-                token,
-            ))
-            .await
-            .expect("enable tool calling");
-        admin
-            .create_token(authed(
-                pb::CreateTokenRequest {
-                    role: "agent".into(),
-                    tenant_id: tenant.into(),
-                    agent_id: String::new(),
-                    label: "e2e".into(),
-                },
-                token,
-            ))
-            .await
-            .expect("create agent token")
-            .into_inner()
-            .token
     }
 }
 
@@ -301,6 +245,7 @@ pub struct GatewayOptions {
     schema: Option<String>,
     env: Vec<(String, String)>,
     admin_token: Option<String>,
+    config: Option<String>,
 }
 
 impl GatewayOptions {
@@ -348,6 +293,13 @@ impl GatewayOptions {
         self
     }
 
+    /// Writes `toml` as the gateway's `toolgate.toml` (in its working directory) before it
+    /// starts.
+    pub fn config(mut self, toml: &str) -> GatewayOptions {
+        self.config = Some(toml.to_owned());
+        self
+    }
+
     /// The testkit connector appends its executions to `log`.
     pub fn execution_log(self, log: &ExecutionLog) -> GatewayOptions {
         let path = log.path().to_str().expect("UTF-8 temp path").to_owned();
@@ -363,23 +315,12 @@ impl GatewayOptions {
                 (temp.path().to_path_buf(), Some(temp))
             }
         };
-        let binary = gateway_binary();
-        let mut command = Command::new(&binary);
-        command
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (key, _) in std::env::vars_os() {
-            let strip = key
-                .to_str()
-                .is_some_and(|k| k.starts_with("TOOLGATE_") || k == EXECUTION_LOG_ENV);
-            if strip {
-                command.env_remove(&key);
-            }
+        if let Some(toml) = &self.config {
+            std::fs::write(dir.join("toolgate.toml"), toml).expect("write toolgate.toml");
         }
-        command.env("TOOLGATE_LOG", "warn");
+        let binary = gateway_binary();
+        let mut command = serve_command(&dir);
+        command.stdout(Stdio::piped()).stderr(Stdio::inherit());
         if let Some(database) = &self.database {
             command.env("TOOLGATE_DATABASE", database);
         }
@@ -430,6 +371,36 @@ impl GatewayOptions {
             _temp: temp,
         }
     }
+}
+
+/// `toolgate serve` on a free loopback port in `dir`, logging warnings only, with none of the
+/// test process's `TOOLGATE_*` variables (the gateway refuses unknown ones, and
+/// `TOOLGATE_BIN` / `TOOLGATE_TEST_PG_URL` are the harness's) and no inherited
+/// `TESTKIT_EXECUTION_LOG`.
+fn serve_command(dir: &Path) -> Command {
+    let mut command = Command::new(gateway_binary());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .current_dir(dir)
+        .stdin(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        let strip = key
+            .to_str()
+            .is_some_and(|k| k.starts_with("TOOLGATE_") || k == EXECUTION_LOG_ENV);
+        if strip {
+            command.env_remove(&key);
+        }
+    }
+    command.env("TOOLGATE_LOG", "warn");
+    command
+}
+
+/// Runs `toolgate serve` in `dir` until it exits by itself, for a start-up the test expects
+/// to be refused: its output (the refusal is on stderr). Hangs if the gateway serves instead.
+pub fn serve_until_exit(dir: &Path) -> std::process::Output {
+    serve_command(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", gateway_binary().display()))
 }
 
 /// The variable the testkit connector reads (`toolgate_engine::testkit::EXECUTION_LOG_ENV`).

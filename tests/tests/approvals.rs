@@ -3,26 +3,16 @@
 
 use std::process::Command;
 
-use toolgate_e2e::{Gateway, authed, execute, gateway_binary};
+use toolgate_e2e::{BIG_TRANSFERS_NEED_APPROVAL, Gateway, Tenant, authed, gateway_binary};
 use toolgate_proto::v1 as pb;
-use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
-
-const POLICY: &str = r#"
-    @id("base") permit(principal, action, resource);
-    @id("big") @decision("require_expert_approval")
-    permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
-        when { context.args.amount > 1000 };
-"#;
 
 async fn suspended_transfer(gateway: &Gateway, token: &str) -> (String, pb::ToolCallResult) {
     let run = gateway.open_run(token, "support", 0).await;
+    let arguments =
+        r#"{"amount": 5000, "region": "us-east-1", "account": "acct-1", "api_key": "k-123456"}"#;
     let result = gateway
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.transfer", r#"{"amount": 5000, "region": "us-east-1", "account": "acct-1", "api_key": "k-123456"}"#), token))
-        .await
-        .unwrap()
-        .into_inner();
+        .call(token, &run, "testkit.transfer", arguments)
+        .await;
     assert_eq!(
         result.status(),
         pb::ToolCallStatus::WaitingApproval,
@@ -34,26 +24,10 @@ async fn suspended_transfer(gateway: &Gateway, token: &str) -> (String, pb::Tool
 #[tokio::test]
 async fn concurrent_approvals_execute_the_call_exactly_once() {
     let gateway = Gateway::start();
-    let agent_token = gateway
-        .tenant("acme", "support", &["testkit.transfer"])
-        .await;
-    gateway.put_policy("acme", POLICY).await;
-    let approver = gateway.approver_token("acme").await;
-    let (run, suspended) = suspended_transfer(&gateway, &agent_token).await;
+    let acme = gateway.transfer_tenant("acme").await;
+    let (run, suspended) = suspended_transfer(&gateway, &acme.token).await;
 
-    let mut approvals = ApprovalServiceClient::new(gateway.channel().await);
-    let listed = approvals
-        .list_pending(authed(
-            pb::ListPendingRequest {
-                run_id: run.clone(),
-                ..Default::default()
-            },
-            &approver,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocations;
+    let listed = gateway.list_pending(acme.approver(), &run).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].invocation_id, suspended.pending_invocation_id);
     assert!(
@@ -67,14 +41,14 @@ async fn concurrent_approvals_execute_the_call_exactly_once() {
 
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let mut client = ApprovalServiceClient::new(gateway.channel().await);
+        let mut client = gateway.approvals().await;
         let request = pb::ResumeRequest {
             run_id: run.clone(),
             invocation_id: suspended.pending_invocation_id.clone(),
             decision: pb::ResumeDecision::Approve.into(),
             reason: "customer confirmed".into(),
         };
-        let token = approver.clone();
+        let token = acme.approver().to_owned();
         tasks.push(tokio::spawn(async move {
             client
                 .resume(authed(request, &token))
@@ -97,39 +71,28 @@ async fn concurrent_approvals_execute_the_call_exactly_once() {
     let result = executed[0].result.as_ref().unwrap();
     assert_eq!(result.status(), pb::ToolCallStatus::Succeeded, "{result:?}");
     let recorded = gateway
-        .agent()
-        .await
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: suspended.tool_call_id.clone(),
-            },
-            &agent_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .get_tool_call(&acme.token, &suspended.tool_call_id)
+        .await;
     assert_eq!(recorded.status(), pb::ToolCallStatus::Succeeded);
 }
 
 #[tokio::test]
 async fn approvals_are_scoped_to_approvers_of_the_tenant() {
     let gateway = Gateway::start();
-    let acme = gateway
-        .tenant("acme", "support", &["testkit.transfer"])
-        .await;
-    gateway
-        .tenant("globex", "support", &["testkit.transfer"])
-        .await;
-    gateway.put_policy("acme", POLICY).await;
-    let (run, suspended) = suspended_transfer(&gateway, &acme).await;
-    let globex_approver = gateway.approver_token("globex").await;
-    let mut approvals = ApprovalServiceClient::new(gateway.channel().await);
-    let foreign = approvals
-        .list_pending(authed(pb::ListPendingRequest::default(), &globex_approver))
+    let acme = Tenant::setup("acme")
+        .tools(&["testkit.transfer"])
+        .policy(BIG_TRANSFERS_NEED_APPROVAL)
+        .create(&gateway)
         .await
-        .unwrap()
-        .into_inner()
-        .invocations;
+        .token;
+    let globex = Tenant::setup("globex")
+        .tools(&["testkit.transfer"])
+        .approver()
+        .create(&gateway)
+        .await;
+    let (run, suspended) = suspended_transfer(&gateway, &acme).await;
+    let globex_approver = globex.approver();
+    let foreign = gateway.list_pending(globex_approver, "").await;
     assert!(foreign.is_empty());
     let resume = pb::ResumeRequest {
         run_id: run,
@@ -137,8 +100,9 @@ async fn approvals_are_scoped_to_approvers_of_the_tenant() {
         decision: pb::ResumeDecision::Approve.into(),
         reason: String::new(),
     };
+    let mut approvals = gateway.approvals().await;
     let err = approvals
-        .resume(authed(resume.clone(), &globex_approver))
+        .resume(authed(resume.clone(), globex_approver))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
@@ -153,17 +117,14 @@ async fn approvals_are_scoped_to_approvers_of_the_tenant() {
 #[tokio::test]
 async fn the_cli_lists_and_approves() {
     let gateway = Gateway::start();
-    let agent_token = gateway
-        .tenant("acme", "support", &["testkit.transfer"])
-        .await;
-    gateway.put_policy("acme", POLICY).await;
-    let approver = gateway.approver_token("acme").await;
-    let (run, suspended) = suspended_transfer(&gateway, &agent_token).await;
+    let acme = gateway.transfer_tenant("acme").await;
+    let approver = acme.approver();
+    let (run, suspended) = suspended_transfer(&gateway, &acme.token).await;
     let cli = |args: &[&str]| {
         Command::new(gateway_binary())
             .args(args)
             .env("TOOLGATE_ADDR", &gateway.url)
-            .env("TOOLGATE_APPROVER_TOKEN", &approver)
+            .env("TOOLGATE_APPROVER_TOKEN", approver)
             .env_remove("TOOLGATE_BIN")
             .output()
             .unwrap()

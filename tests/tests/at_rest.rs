@@ -9,9 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use toolgate_e2e::{Gateway, authed, execute, gateway_binary};
+use toolgate_e2e::{Gateway, Tenant, execute, gateway_binary, serve_until_exit};
 use toolgate_proto::v1 as pb;
-use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
 
 const POLICY: &str = r#"
     @id("base") permit(principal, action, resource);
@@ -79,85 +78,70 @@ fn mode(path: &Path) -> u32 {
 #[tokio::test]
 async fn secrets_sent_through_every_door_are_not_in_the_database_files() {
     let mut gateway = Gateway::start();
-    let token = gateway
-        .tenant(
-            "acme",
-            "support",
-            &["testkit.echo", "testkit.fail", "testkit.transfer"],
-        )
+    let acme = Tenant::setup("acme")
+        .tools(&["testkit.echo", "testkit.fail", "testkit.transfer"])
+        .policy(POLICY)
+        .approver()
+        .create(&gateway)
         .await;
-    gateway.put_policy("acme", POLICY).await;
-    let approver = gateway.approver_token("acme").await;
+    let token = acme.token.clone();
     let run = gateway.open_run(&token, "support", 0).await;
-    let agent = gateway.agent().await;
-    let call = |request: pb::ExecuteToolRequest| {
-        let mut agent = agent.clone();
-        let token = token.clone();
-        async move { agent.execute_tool(authed(request, &token)).await }
-    };
 
     // Arguments (a value under an innocent field name) and the vendor's answer (echo answers
     // with its arguments).
-    let echoed = call(execute(
-        &run,
-        "testkit.echo",
-        &format!(r#"{{"message": "key {IN_ARGUMENTS} and {IN_ANSWER}"}}"#),
-    ))
-    .await
-    .unwrap()
-    .into_inner();
+    let echoed = gateway
+        .call(
+            &token,
+            &run,
+            "testkit.echo",
+            &format!(r#"{{"message": "key {IN_ARGUMENTS} and {IN_ANSWER}"}}"#),
+        )
+        .await;
     assert_eq!(echoed.status(), pb::ToolCallStatus::Succeeded, "{echoed:?}");
     assert!(
         echoed.result_json.contains(IN_ANSWER),
         "the agent gets the whole answer"
     );
     // A credential as the tool name.
-    let named = call(execute(&run, AS_TOOL_NAME, "{}"))
-        .await
-        .unwrap()
-        .into_inner();
+    let named = gateway.call(&token, &run, AS_TOOL_NAME, "{}").await;
     assert_eq!(named.error_code, "NOT_IN_MANIFEST", "{named:?}");
     // Credentials as identifiers are refused.
     let mut with_use_id = execute(&run, "testkit.echo", r#"{"message": "hi"}"#);
     with_use_id.tool_use_id = AS_TOOL_USE_ID.into();
-    let refused = call(with_use_id).await.unwrap_err();
+    let refused = gateway.try_execute(&token, with_use_id).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(!refused.message().contains(AS_TOOL_USE_ID));
     let mut with_correlation = execute(&run, "testkit.echo", r#"{"message": "hi"}"#);
     with_correlation.correlation_id = AS_CORRELATION_ID.into();
-    let refused = call(with_correlation).await.unwrap_err();
+    let refused = gateway
+        .try_execute(&token, with_correlation)
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     // An error text from the vendor.
-    let failed = call(execute(
-        &run,
-        "testkit.fail",
-        &serde_json::json!({"code": "VENDOR_ERROR", "message": format!("vendor says token {IN_ERROR_TEXT} is wrong")}).to_string(),
-    ))
-    .await
-    .unwrap()
-    .into_inner();
+    let failed = gateway.call(&token, &run, "testkit.fail", &serde_json::json!({"code": "VENDOR_ERROR", "message": format!("vendor says token {IN_ERROR_TEXT} is wrong")}).to_string()).await;
     assert_eq!(failed.error_code, "VENDOR_ERROR", "{failed:?}");
     // Arguments that are not JSON.
-    let unparsable = call(execute(
-        &run,
-        "testkit.echo",
-        &format!("{{message: {IN_UNPARSABLE}"),
-    ))
-    .await
-    .unwrap()
-    .into_inner();
+    let unparsable = gateway
+        .call(
+            &token,
+            &run,
+            "testkit.echo",
+            &format!("{{message: {IN_UNPARSABLE}"),
+        )
+        .await;
     assert_eq!(unparsable.error_code, "INVALID_ARGUMENTS", "{unparsable:?}");
     // A call waiting for approval, one approved and executed, one denied by policy.
     let mut pending_ids = Vec::new();
     for _ in 0..2 {
-        let suspended = call(execute(
-            &run,
-            "testkit.transfer",
-            &format!(r#"{{"amount": 5000, "region": "us-east-1", "account": "{IN_PENDING}"}}"#),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        let suspended = gateway
+            .call(
+                &token,
+                &run,
+                "testkit.transfer",
+                &format!(r#"{{"amount": 5000, "region": "us-east-1", "account": "{IN_PENDING}"}}"#),
+            )
+            .await;
         assert_eq!(
             suspended.status(),
             pb::ToolCallStatus::WaitingApproval,
@@ -165,46 +149,31 @@ async fn secrets_sent_through_every_door_are_not_in_the_database_files() {
         );
         pending_ids.push(suspended.pending_invocation_id);
     }
-    let denied = call(execute(
-        &run,
-        "testkit.transfer",
-        &format!(r#"{{"amount": 5, "region": "eu-west-3", "account": "{IN_DENIED}"}}"#),
-    ))
-    .await
-    .unwrap()
-    .into_inner();
+    let denied = gateway
+        .call(
+            &token,
+            &run,
+            "testkit.transfer",
+            &format!(r#"{{"amount": 5, "region": "eu-west-3", "account": "{IN_DENIED}"}}"#),
+        )
+        .await;
     assert_eq!(denied.error_code, "POLICY_BLOCKED", "{denied:?}");
-    let mut approvals = ApprovalServiceClient::new(gateway.channel().await);
-    let resumed = approvals
-        .resume(authed(
-            pb::ResumeRequest {
-                run_id: run.clone(),
-                invocation_id: pending_ids[0].clone(),
-                decision: pb::ResumeDecision::Approve.into(),
-                reason: format!("customer confirmed, the bot token is {IN_REASON}"),
-            },
-            &approver,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let reason = format!("customer confirmed, the bot token is {IN_REASON}");
+    let resumed = gateway
+        .resume(
+            acme.approver(),
+            &run,
+            &pending_ids[0],
+            pb::ResumeDecision::Approve,
+            &reason,
+        )
+        .await;
     assert_eq!(
         resumed.outcome(),
         pb::ResumeOutcome::Executed,
         "{resumed:?}"
     );
-    let listed = approvals
-        .list_pending(authed(
-            pb::ListPendingRequest {
-                run_id: run.clone(),
-                ..Default::default()
-            },
-            &approver,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocations;
+    let listed = gateway.list_pending(acme.approver(), &run).await;
     assert!(
         listed
             .iter()
@@ -251,12 +220,7 @@ async fn the_files_are_private_and_shared_ones_are_refused_with_the_fix() {
     ] {
         let path = dir.join(name);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let output = Command::new(gateway_binary())
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .current_dir(&dir)
-            .env_remove("TOOLGATE_BIN")
-            .output()
-            .unwrap();
+        let output = serve_until_exit(&dir);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{name}: {stderr}");
         assert!(

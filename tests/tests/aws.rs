@@ -4,14 +4,10 @@
 //! that audits the account with several tools and then posts a summary to the fake Slack under
 //! a Cedar policy that holds the post for an approver; the ledger shows every call, redacted.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
 use toolgate_aws::testkit::{Moto, TEST_ACCESS_KEY, TEST_SECRET_KEY, secret_json};
-use toolgate_e2e::{Gateway, authed, execute, gateway_binary};
+use toolgate_e2e::{Gateway, Tenant, serve_until_exit, slack_config};
 use toolgate_proto::v1 as pb;
-use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
 use toolgate_slack::testkit::{BOT_TOKEN, FakeSlack};
 
 const AUDIT_TOOLS: &[&str] = &[
@@ -28,58 +24,28 @@ const POLICY: &str = r#"
 permit(principal, action == Toolgate::Action::"slack.post_message", resource);
 "#;
 
-fn write_config(dir: &std::path::Path, moto: &Moto, slack: &FakeSlack) {
-    let toml = format!(
-        "[connectors.slack]\napi_base_url = \"{}\"\nallow_hosts = [\"127.0.0.1\"]\nwebhook_hosts = [\"127.0.0.1\"]\n[connectors.aws]\nendpoint_url = \"{}\"\npage_size = 5\n",
-        slack.api_base_url(),
+/// The gateway's `toolgate.toml`: Slack at `slack`, AWS at `moto`.
+fn config(moto: &Moto, slack: &FakeSlack) -> String {
+    format!(
+        "{}[connectors.aws]\nendpoint_url = \"{}\"\npage_size = 5\n",
+        slack_config(slack),
         moto.endpoint_url()
-    );
-    std::fs::write(dir.join("toolgate.toml"), toml).unwrap();
+    )
 }
 
-/// `toolgate secrets put TENANT NAME`, the value on standard input.
+/// Starts a gateway on `config` that never asks the instance metadata service.
+fn start_gateway(moto: &Moto, slack: &FakeSlack) -> Gateway {
+    Gateway::options()
+        .config(&config(moto, slack))
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .start()
+}
+
+/// `toolgate secrets put TENANT NAME`, the value on standard input (no newline); the CLI
+/// never prints the AWS secret key.
 fn put_secret(gateway: &Gateway, tenant: &str, name: &str, value: &str) {
-    let mut child = Command::new(gateway_binary())
-        .args(["secrets", "put", tenant, name])
-        .current_dir(&gateway.dir)
-        .env("TOOLGATE_ADDR", &gateway.url)
-        .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(value.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{printed}");
+    let printed = gateway.secrets_put(tenant, name, &[], value);
     assert!(!printed.contains(TEST_SECRET_KEY), "{printed}");
-}
-
-async fn call(
-    gateway: &Gateway,
-    token: &str,
-    run: &str,
-    tool_use_id: &str,
-    tool: &str,
-    arguments: &str,
-) -> pb::ToolCallResult {
-    let request = pb::ExecuteToolRequest {
-        tool_use_id: tool_use_id.into(),
-        ..execute(run, tool, arguments)
-    };
-    gateway
-        .agent()
-        .await
-        .execute_tool(authed(request, token))
-        .await
-        .unwrap_or_else(|e| panic!("{tool}: {e}"))
-        .into_inner()
 }
 
 fn succeeded(outcome: &pb::ToolCallResult) -> Value {
@@ -106,57 +72,44 @@ async fn an_agent_audits_the_account_and_an_approver_releases_the_summary() {
     let moto = Moto::start();
     let seeded = moto.seed_account().await;
     let slack = FakeSlack::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    write_config(temp.path(), &moto, &slack);
-    let gateway = Gateway::start_in(temp.path(), &[("AWS_EC2_METADATA_DISABLED", "true")]);
+    let gateway = start_gateway(&moto, &slack);
 
     let mut tools: Vec<&str> = AUDIT_TOOLS.to_vec();
     tools.push("slack.post_message");
-    let token = gateway.tenant("acme", "pulse", &tools).await;
+    let acme = Tenant::setup("acme")
+        .agent("pulse")
+        .tools(&tools)
+        .policy(POLICY)
+        .approver()
+        .create(&gateway)
+        .await;
+    let token = acme.token.clone();
     put_secret(&gateway, "acme", "aws_default", &secret_json("us-east-1"));
     put_secret(&gateway, "acme", "slack_default", BOT_TOKEN);
-    gateway.put_policy("acme", POLICY).await;
     let run = gateway.open_run(&token, "pulse", 0).await;
-    let listed = gateway
-        .agent()
-        .await
-        .list_tools(authed(
-            pb::ListToolsRequest {
-                run_id: run.clone(),
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let names: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
+    let listed = gateway.list_tools(&token, &run).await;
+    let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
     for tool in AUDIT_TOOLS {
         assert!(names.contains(tool), "{tool} not listed: {names:?}");
     }
 
     let inventory = succeeded(
-        &call(
-            &gateway,
-            &token,
-            &run,
-            "toolu_1",
-            "aws.ec2_inventory",
-            r#"{"regions": ["us-east-1", "eu-west-1"]}"#,
-        )
-        .await,
+        &gateway
+            .call_with_id(
+                &token,
+                &run,
+                "toolu_1",
+                "aws.ec2_inventory",
+                r#"{"regions": ["us-east-1", "eu-west-1"]}"#,
+            )
+            .await,
     );
     assert_eq!(inventory["count"], 13, "{inventory}");
     assert_eq!(inventory["by_state"]["stopped"], 2);
     let groups = succeeded(
-        &call(
-            &gateway,
-            &token,
-            &run,
-            "toolu_2",
-            "aws.security_groups_audit",
-            "{}",
-        )
-        .await,
+        &gateway
+            .call_with_id(&token, &run, "toolu_2", "aws.security_groups_audit", "{}")
+            .await,
     );
     let open = findings_of(&groups, "ingress_open_to_internet");
     assert!(
@@ -164,7 +117,11 @@ async fn an_agent_audits_the_account_and_an_approver_releases_the_summary() {
             .any(|f| f["resource"] == seeded.open_ssh_group.as_str() && f["ports"] == "22"),
         "{groups}"
     );
-    let iam = succeeded(&call(&gateway, &token, &run, "toolu_3", "aws.iam_audit", "{}").await);
+    let iam = succeeded(
+        &gateway
+            .call_with_id(&token, &run, "toolu_3", "aws.iam_audit", "{}")
+            .await,
+    );
     assert_eq!(iam["count"], 7, "{iam}");
     let user2 = iam["items"]
         .as_array()
@@ -177,21 +134,29 @@ async fn an_agent_audits_the_account_and_an_approver_releases_the_summary() {
         2,
         "the agent gets the full answer, key ids included"
     );
-    let s3 = succeeded(&call(&gateway, &token, &run, "toolu_4", "aws.s3_inventory", "{}").await);
+    let s3 = succeeded(
+        &gateway
+            .call_with_id(&token, &run, "toolu_4", "aws.s3_inventory", "{}")
+            .await,
+    );
     assert_eq!(s3["count"], 4, "{s3}");
-    let eips = succeeded(&call(&gateway, &token, &run, "toolu_5", "aws.eips_audit", "{}").await);
+    let eips = succeeded(
+        &gateway
+            .call_with_id(&token, &run, "toolu_5", "aws.eips_audit", "{}")
+            .await,
+    );
     assert_eq!(eips["unassociated"], 2, "{eips}");
 
     // A region that does not exist is refused before anything is sent.
-    let refused = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_6",
-        "aws.ec2_inventory",
-        r#"{"regions": ["us-east-9"]}"#,
-    )
-    .await;
+    let refused = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_6",
+            "aws.ec2_inventory",
+            r#"{"regions": ["us-east-9"]}"#,
+        )
+        .await;
     assert_eq!(refused.status(), pb::ToolCallStatus::Failed, "{refused:?}");
     assert_eq!(refused.error_code, "INVALID_ARGUMENTS");
 
@@ -205,35 +170,24 @@ async fn an_agent_audits_the_account_and_an_approver_releases_the_summary() {
         eips["unassociated"]
     );
     let arguments = serde_json::json!({"channel": "C0OPSAUDIT", "text": summary}).to_string();
-    let held = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_7",
-        "slack.post_message",
-        &arguments,
-    )
-    .await;
+    let held = gateway
+        .call_with_id(&token, &run, "toolu_7", "slack.post_message", &arguments)
+        .await;
     assert_eq!(
         held.status(),
         pb::ToolCallStatus::WaitingApproval,
         "{held:?}"
     );
     assert!(slack.requests("chat.postMessage").await.is_empty());
-    let approver = gateway.approver_token("acme").await;
-    let resumed = ApprovalServiceClient::new(gateway.channel().await)
-        .resume(authed(
-            pb::ResumeRequest {
-                run_id: run.clone(),
-                invocation_id: held.pending_invocation_id.clone(),
-                decision: pb::ResumeDecision::Approve.into(),
-                reason: "summary checked".into(),
-            },
-            &approver,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let resumed = gateway
+        .resume(
+            acme.approver(),
+            &run,
+            &held.pending_invocation_id,
+            pb::ResumeDecision::Approve,
+            "summary checked",
+        )
+        .await;
     assert_eq!(
         resumed.outcome(),
         pb::ResumeOutcome::Executed,
@@ -286,15 +240,15 @@ async fn an_agent_audits_the_account_and_an_approver_releases_the_summary() {
 async fn tenant_credentials_are_required_and_cannot_move_the_endpoint() {
     let moto = Moto::start();
     let slack = FakeSlack::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    write_config(temp.path(), &moto, &slack);
-    let gateway = Gateway::start_in(temp.path(), &[("AWS_EC2_METADATA_DISABLED", "true")]);
+    let gateway = start_gateway(&moto, &slack);
 
     let none = gateway
         .tenant("initech", "pulse", &["aws.eips_audit"])
         .await;
     let run = gateway.open_run(&none, "pulse", 0).await;
-    let missing = call(&gateway, &none, &run, "toolu_1", "aws.eips_audit", "{}").await;
+    let missing = gateway
+        .call_with_id(&none, &run, "toolu_1", "aws.eips_audit", "{}")
+        .await;
     assert_eq!(missing.error_code, "CREDENTIALS_NOT_FOUND", "{missing:?}");
 
     let sneaky = gateway.tenant("globex", "pulse", &["aws.eips_audit"]).await;
@@ -306,7 +260,9 @@ async fn tenant_credentials_are_required_and_cannot_move_the_endpoint() {
     .to_string();
     put_secret(&gateway, "globex", "aws_default", &value);
     let run = gateway.open_run(&sneaky, "pulse", 0).await;
-    let refused = call(&gateway, &sneaky, &run, "toolu_1", "aws.eips_audit", "{}").await;
+    let refused = gateway
+        .call_with_id(&sneaky, &run, "toolu_1", "aws.eips_audit", "{}")
+        .await;
     assert_eq!(refused.status(), pb::ToolCallStatus::Failed);
     assert_eq!(refused.error_code, "CREDENTIALS_UNAVAILABLE", "{refused:?}");
     assert!(
@@ -323,15 +279,7 @@ fn an_invalid_aws_configuration_stops_the_gateway_before_it_listens() {
         "[connectors.aws]\ndefault_region = \"us-east-7\"\n",
     )
     .unwrap();
-    let output = Command::new(gateway_binary())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(temp.path())
-        .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TEST_PG_URL")
-        .env_remove("TOOLGATE_TEST_MOTO_SERVER")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let output = serve_until_exit(temp.path());
     assert!(!output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -71,12 +71,10 @@ async fn a_broken_ledger_answers_internal_without_sql_text() {
     assert!(failed.message().contains("ledger failed"), "{failed:?}");
     assert_no_sql(&failed, "authenticated GetRun");
     let failed = gateway
-        .agent()
-        .await
-        .execute_tool(authed(
-            execute(&run, "testkit.echo", r#"{"message": "hi"}"#),
+        .try_execute(
             &token,
-        ))
+            execute(&run, "testkit.echo", r#"{"message": "hi"}"#),
+        )
         .await
         .unwrap_err();
     assert_eq!(failed.code(), tonic::Code::Internal, "{failed:?}");
@@ -106,13 +104,8 @@ async fn a_broken_ledger_answers_internal_without_sql_text() {
 
 async fn whoami(gateway: &Gateway, token: &str) -> pb::ToolCallResult {
     let run = gateway.open_run(token, "support", 0).await;
-    gateway
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.whoami", "{}"), token))
-        .await
-        .expect("a credential failure is an answer, not a gRPC error")
-        .into_inner()
+    // A credential failure is an answer, not a gRPC error.
+    gateway.call(token, &run, "testkit.whoami", "{}").await
 }
 
 #[tokio::test]
@@ -124,21 +117,7 @@ async fn an_unreadable_credential_is_unavailable_not_missing() {
     assert_eq!(missing.error_code, "CREDENTIALS_NOT_FOUND", "{missing:?}");
 
     let secret = "sk-acme-0123456789abcdef";
-    gateway
-        .admin()
-        .await
-        .put_secret(authed(
-            pb::PutSecretRequest {
-                tenant_id: "acme".into(),
-                name: "testkit_key".into(),
-                value: secret.into(),
-                metadata_json: String::new(),
-                notes: String::new(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap();
+    gateway.put_secret("acme", "testkit_key", secret).await;
     // One character of the sealed value changed in the database: it no longer decrypts (the
     // AES-GCM tag fails), though the row and its key are there.
     break_schema(

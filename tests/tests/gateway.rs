@@ -15,42 +15,14 @@ const TOOLS: &[&str] = &[
     "testkit.transfer",
 ];
 
-async fn open_run(gateway: &Gateway, token: &str, agent: &str) -> String {
-    gateway
-        .agent()
-        .await
-        .create_run(authed(
-            pb::CreateRunRequest {
-                agent_id: agent.into(),
-                run_id: String::new(),
-                max_calls: 0,
-            },
-            token,
-        ))
-        .await
-        .expect("create run")
-        .into_inner()
-        .run_id
-}
-
 #[tokio::test]
 async fn happy_path_lists_tools_and_executes() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
+    let run = gateway.open_run(&token, "support", 0).await;
     let mut agent = gateway.agent().await;
 
-    let tools = agent
-        .list_tools(authed(
-            pb::ListToolsRequest {
-                run_id: run.clone(),
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .tools;
+    let tools = gateway.list_tools(&token, &run).await;
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
@@ -68,14 +40,9 @@ async fn happy_path_lists_tools_and_executes() {
     let openai: serde_json::Value = serde_json::from_str(&echo.openai_json).unwrap();
     assert_eq!(openai["function"]["name"], "testkit__echo");
 
-    let result = agent
-        .execute_tool(authed(
-            execute(&run, "testkit.echo", r#"{"message": "hello"}"#),
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let result = gateway
+        .call(&token, &run, "testkit.echo", r#"{"message": "hello"}"#)
+        .await;
     assert_eq!(result.status(), pb::ToolCallStatus::Succeeded, "{result:?}");
     let value: serde_json::Value = serde_json::from_str(&result.result_json).unwrap();
     assert_eq!(value["message"], "hello");
@@ -100,7 +67,6 @@ async fn happy_path_lists_tools_and_executes() {
 async fn outcomes_carry_their_stable_codes() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let mut admin = gateway.admin().await;
     let policy = r#"
         @id("base") permit(principal, action, resource);
         @id("no-paris") forbid(principal, action == Toolgate::Action::"testkit.transfer", resource)
@@ -109,17 +75,8 @@ async fn outcomes_carry_their_stable_codes() {
         permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
             when { context.args.amount > 1000 };
     "#;
-    admin
-        .put_policy(authed(
-            pb::PutPolicyRequest {
-                tenant_id: "acme".into(),
-                text: policy.into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .expect("policy accepted");
-    let run = open_run(&gateway, &token, "support").await;
+    gateway.put_policy("acme", policy).await;
+    let run = gateway.open_run(&token, "support", 0).await;
     let mut agent = gateway.agent().await;
     let oversize = format!(r#"{{"message": "{}"}}"#, "x".repeat(1024 * 1024 + 10));
     let cases: Vec<(&str, String, pb::ToolCallStatus, &str)> = vec![
@@ -173,11 +130,7 @@ async fn outcomes_carry_their_stable_codes() {
         ),
     ];
     for (tool, arguments, status, code) in cases {
-        let result = agent
-            .execute_tool(authed(execute(&run, tool, &arguments), &token))
-            .await
-            .unwrap_or_else(|e| panic!("{tool}: {e}"))
-            .into_inner();
+        let result = gateway.call(&token, &run, tool, &arguments).await;
         assert_eq!(
             (result.status(), result.error_code.as_str()),
             (status, code),
@@ -187,16 +140,7 @@ async fn outcomes_carry_their_stable_codes() {
             assert!(!result.pending_invocation_id.is_empty());
             assert_eq!(result.decision, "require_expert_approval");
         }
-        let recorded = agent
-            .get_tool_call(authed(
-                pb::GetToolCallRequest {
-                    tool_call_id: result.tool_call_id.clone(),
-                },
-                &token,
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let recorded = gateway.get_tool_call(&token, &result.tool_call_id).await;
         assert_eq!(recorded.status(), status, "{tool}");
     }
     let run_state = agent
@@ -213,27 +157,9 @@ async fn outcomes_carry_their_stable_codes() {
 async fn feature_flag_off_blocks_calls() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
-    gateway
-        .admin()
-        .await
-        .set_feature_flag(authed(
-            pb::SetFeatureFlagRequest {
-                tenant_id: "acme".into(),
-                flag: "tool_calling_enabled".into(),
-                enabled: false,
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap();
-    let result = gateway
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let run = gateway.open_run(&token, "support", 0).await;
+    gateway.set_tool_calling("acme", false).await;
+    let result = gateway.call(&token, &run, "testkit.noop", "{}").await;
     assert_eq!(result.error_code, "FEATURE_DISABLED");
     assert_eq!(result.status(), pb::ToolCallStatus::Blocked);
 }
@@ -242,7 +168,7 @@ async fn feature_flag_off_blocks_calls() {
 async fn a_hanging_connector_times_out_and_the_server_keeps_serving() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
+    let run = gateway.open_run(&token, "support", 0).await;
     let mut agent = gateway.agent().await;
     let mut request = execute(&run, "testkit.sleep", r#"{"ms": 600000}"#);
     request.timeout_ms = 300;
@@ -261,28 +187,11 @@ async fn a_hanging_connector_times_out_and_the_server_keeps_serving() {
         elapsed >= Duration::from_millis(300) && elapsed < Duration::from_millis(1300),
         "{elapsed:?}"
     );
-    let recorded = agent
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: result.tool_call_id,
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let recorded = gateway.get_tool_call(&token, &result.tool_call_id).await;
     assert_eq!(recorded.status(), pb::ToolCallStatus::TimedOut);
-    let panicked = agent
-        .execute_tool(authed(execute(&run, "testkit.panic", "{}"), &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let panicked = gateway.call(&token, &run, "testkit.panic", "{}").await;
     assert_eq!(panicked.error_code, "INTERNAL");
-    let after = agent
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let after = gateway.call(&token, &run, "testkit.noop", "{}").await;
     assert_eq!(after.status(), pb::ToolCallStatus::Succeeded);
 }
 
@@ -291,7 +200,7 @@ async fn tokens_are_required_and_scoped() {
     let gateway = Gateway::start();
     let acme = gateway.tenant("acme", "support", TOOLS).await;
     let globex = gateway.tenant("globex", "support", TOOLS).await;
-    let run = open_run(&gateway, &acme, "support").await;
+    let run = gateway.open_run(&acme, "support", 0).await;
     let mut agent = gateway.agent().await;
 
     let missing = agent
@@ -308,11 +217,7 @@ async fn tokens_are_required_and_scoped() {
         .unwrap_err();
     assert_eq!(wrong.code(), tonic::Code::Unauthenticated);
 
-    let call = agent
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &acme))
-        .await
-        .unwrap()
-        .into_inner();
+    let call = gateway.call(&acme, &run, "testkit.noop", "{}").await;
     let other_run = agent
         .get_run(authed(
             pb::GetRunRequest {
@@ -376,35 +281,15 @@ async fn tokens_are_required_and_scoped() {
 async fn token_like_arguments_are_redacted_in_the_ledger() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
-    let mut agent = gateway.agent().await;
+    let run = gateway.open_run(&token, "support", 0).await;
     let secret = "sk_live_51HxSECRETVALUE";
-    let result = agent
-        .execute_tool(authed(
-            execute(
-                &run,
-                "testkit.echo",
-                &format!(r#"{{"message": "hi", "api_token": "{secret}"}}"#),
-            ),
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let arguments = format!(r#"{{"message": "hi", "api_token": "{secret}"}}"#);
+    let result = gateway.call(&token, &run, "testkit.echo", &arguments).await;
     assert!(
         result.result_json.contains(secret),
         "the agent gets the full result"
     );
-    let recorded = agent
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: result.tool_call_id,
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let recorded = gateway.get_tool_call(&token, &result.tool_call_id).await;
     assert!(
         !recorded.input_redacted_json.contains(secret),
         "{}",
@@ -433,17 +318,11 @@ async fn token_like_arguments_are_redacted_in_the_ledger() {
 async fn unknown_tool_after_a_connector_is_removed() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
+    let run = gateway.open_run(&token, "support", 0).await;
     let dir = gateway.dir.clone();
     let temp = gateway.stop();
     let restarted = Gateway::start_in(&dir, &[("TOOLGATE_DISABLED_CONNECTORS", "testkit")]);
-    let result = restarted
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let result = restarted.call(&token, &run, "testkit.noop", "{}").await;
     assert_eq!(result.error_code, "UNKNOWN_TOOL", "{result:?}");
     assert!(
         result.error_message.contains("registered tools"),
@@ -458,24 +337,12 @@ async fn unknown_tool_after_a_connector_is_removed() {
 async fn ledger_verify_finds_a_tampered_audit_row() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
-    let mut agent = gateway.agent().await;
+    let run = gateway.open_run(&token, "support", 0).await;
     for i in 0..3 {
-        agent
-            .execute_tool(authed(
-                execute(&run, "testkit.echo", &format!(r#"{{"message": "m{i}"}}"#)),
-                &token,
-            ))
-            .await
-            .unwrap();
+        let message = format!(r#"{{"message": "m{i}"}}"#);
+        gateway.call(&token, &run, "testkit.echo", &message).await;
     }
-    let remote = gateway
-        .admin()
-        .await
-        .verify_ledger(authed(pb::VerifyLedgerRequest {}, &gateway.admin_token))
-        .await
-        .unwrap()
-        .into_inner();
+    let remote = gateway.verify_ledger().await;
     assert!(remote.ok, "{remote:?}");
     let dir = gateway.dir.clone();
     let _temp = gateway.stop();
@@ -548,7 +415,7 @@ async fn health_service_reports_serving() {
 async fn a_call_interrupted_by_a_crash_is_outcome_unknown_after_restart() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
-    let run = open_run(&gateway, &token, "support").await;
+    let run = gateway.open_run(&token, "support", 0).await;
     let mut agent = gateway.agent().await;
     let mut request = execute(&run, "testkit.sleep", r#"{"ms": 600000}"#);
     request.timeout_ms = 600_000;
@@ -557,22 +424,9 @@ async fn a_call_interrupted_by_a_crash_is_outcome_unknown_after_restart() {
     let in_flight =
         tokio::spawn(async move { agent.execute_tool(authed(request, &token_for_call)).await });
     // Wait until the call's `running` row is committed, then kill the process outright.
-    let mut agent = gateway.agent().await;
     let mut call_id = String::new();
     for _ in 0..200 {
-        let calls = agent
-            .list_tool_calls(authed(
-                pb::ListToolCallsRequest {
-                    run_id: run.clone(),
-                    page_token: String::new(),
-                    page_size: 0,
-                },
-                &token,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .tool_calls;
+        let calls = gateway.tool_calls(&token, &run).await;
         if let Some(call) = calls.first() {
             assert_eq!(call.status(), pb::ToolCallStatus::Running);
             call_id = call.tool_call_id.clone();
@@ -589,27 +443,19 @@ async fn a_call_interrupted_by_a_crash_is_outcome_unknown_after_restart() {
     );
 
     let restarted = Gateway::start_in(&dir, &[]);
-    let mut agent = restarted.agent().await;
-    let recorded = agent
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: call_id.clone(),
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let recorded = restarted.get_tool_call(&token, &call_id).await;
     assert_eq!(recorded.status(), pb::ToolCallStatus::OutcomeUnknown);
     assert_eq!(recorded.error_code, "OUTCOME_UNKNOWN");
     // The runtime's retry of the same tool_use_id gets the recorded outcome, not a second run.
-    let mut retry = execute(&run, "testkit.sleep", r#"{"ms": 600000}"#);
-    retry.tool_use_id = "toolu_crash".into();
-    let replay = agent
-        .execute_tool(authed(retry, &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let replay = restarted
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_crash",
+            "testkit.sleep",
+            r#"{"ms": 600000}"#,
+        )
+        .await;
     assert!(replay.replayed);
     assert_eq!(replay.tool_call_id, call_id);
     assert_eq!(replay.status(), pb::ToolCallStatus::OutcomeUnknown);

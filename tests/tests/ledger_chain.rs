@@ -12,7 +12,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use sqlx::{Connection as _, Executor as _};
-use toolgate_e2e::{Gateway, PgSchema, authed, execute, gateway_binary};
+use toolgate_e2e::{Gateway, PgSchema, authed, gateway_binary};
 use toolgate_proto::v1 as pb;
 
 const TOOLS: &[&str] = &["testkit.noop", "testkit.panic"];
@@ -35,12 +35,8 @@ async fn record_calls(gateway: &Gateway, tenant: &str) {
         .expect("a second admin token");
     let token = gateway.tenant(tenant, "support", TOOLS).await;
     let run = gateway.open_run(&token, "support", 0).await;
-    let mut agent = gateway.agent().await;
     for tool in ["testkit.noop", "testkit.panic"] {
-        agent
-            .execute_tool(authed(execute(&run, tool, "{}"), &token))
-            .await
-            .expect("the call is answered");
+        gateway.call(&token, &run, tool, "{}").await;
     }
 }
 

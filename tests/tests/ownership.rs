@@ -43,22 +43,6 @@ async fn spawn_call(
     })
 }
 
-/// The ledger's record of `id`, as `gateway` reads it.
-async fn recorded(gateway: &Gateway, token: &str, id: &str) -> pb::ToolCall {
-    gateway
-        .agent()
-        .await
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: id.to_owned(),
-            },
-            token,
-        ))
-        .await
-        .expect("get the tool call")
-        .into_inner()
-}
-
 /// Runs `toolgate` with `args` in `dir` (none of the test's `TOOLGATE_*` variables), waiting
 /// at most [`PATIENCE`]; a process still running then is killed and the test fails.
 fn run_toolgate(dir: &Path, args: &[&str]) -> Output {
@@ -135,7 +119,7 @@ async fn a_second_gateway_on_a_served_sqlite_file_is_refused_and_the_first_keeps
 
     let result = slow.await.unwrap().expect("the slow call is answered");
     assert_eq!(result.status(), pb::ToolCallStatus::Succeeded, "{result:?}");
-    let row = recorded(&first, &token, &result.tool_call_id).await;
+    let row = first.get_tool_call(&token, &result.tool_call_id).await;
     assert_eq!(
         row.status(),
         pb::ToolCallStatus::Succeeded,
@@ -149,11 +133,7 @@ async fn ledger_verify_reads_the_file_while_the_gateway_serves_it() {
     let gateway = Gateway::start();
     let token = gateway.tenant("acme", "support", TOOLS).await;
     let run = gateway.open_run(&token, "support", 0).await;
-    let mut agent = gateway.agent().await;
-    agent
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
-        .await
-        .unwrap();
+    gateway.call(&token, &run, "testkit.noop", "{}").await;
     let database = gateway.dir.join("toolgate.db");
     let database = database.to_str().expect("UTF-8 temp path");
 
@@ -172,11 +152,7 @@ async fn ledger_verify_reads_the_file_while_the_gateway_serves_it() {
     );
 
     // The gateway goes on as before.
-    let after = agent
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
-        .await
-        .unwrap()
-        .into_inner();
+    let after = gateway.call(&token, &run, "testkit.noop", "{}").await;
     assert_eq!(after.status(), pb::ToolCallStatus::Succeeded, "{after:?}");
 }
 
@@ -212,7 +188,7 @@ async fn a_gateway_killed_with_sigkill_leaves_no_lock_and_its_restart_settles_it
         holder.contains(&format!("pid {}", restarted.pid())) && restarted.pid() != killed,
         "{holder}"
     );
-    let row = recorded(&restarted, &token, &call_id).await;
+    let row = restarted.get_tool_call(&token, &call_id).await;
     assert_eq!(
         row.status(),
         pb::ToolCallStatus::OutcomeUnknown,
@@ -327,7 +303,7 @@ async fn a_replica_that_loses_its_lock_starts_no_calls_and_never_contradicts_the
 
     // Another replica starting now sees A's lock free: its start-up recovery settles A's call.
     let b = a.replica(schema.options().execution_log(&log));
-    let settled = recorded(&b, &token, &slow_id).await;
+    let settled = b.get_tool_call(&token, &slow_id).await;
     assert_eq!(
         settled.status(),
         pb::ToolCallStatus::OutcomeUnknown,

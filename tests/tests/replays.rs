@@ -8,94 +8,22 @@
 use std::time::Duration;
 
 use sqlx::Connection as _;
-use toolgate_e2e::{ExecutionLog, Gateway, PgSchema, authed, execute};
+use toolgate_e2e::{
+    BIG_TRANSFERS_NEED_APPROVAL, Backend, Cluster, ExecutionLog, Gateway, Tenant, authed, execute,
+};
 use toolgate_proto::v1 as pb;
-use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
 
 const TOOLS: &[&str] = &["testkit.echo", "testkit.transfer"];
 
-const POLICY: &str = r#"
-    @id("base") permit(principal, action, resource);
-    @id("big") @decision("require_expert_approval")
-    permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
-        when { context.args.amount > 1000 };
-"#;
-
 const SECRET: &str = "sk-live-5b1f0c9e2d7a4c3b8e6f";
 
-#[derive(Debug, Clone, Copy)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// One or two gateways on one ledger, a tenant `acme` (agent `support`) with the policy above.
-struct Setup {
-    gateways: Vec<Gateway>,
-    _schema: Option<PgSchema>,
-    log: ExecutionLog,
-    token: String,
-}
-
-impl Setup {
-    async fn start(backend: Backend, env: &[(&str, &str)]) -> Setup {
-        let log = ExecutionLog::new();
-        let (first, schema) = match backend {
-            Backend::Sqlite => (
-                Gateway::options().envs(env).execution_log(&log).start(),
-                None,
-            ),
-            Backend::Postgres => {
-                let schema = PgSchema::new().await;
-                let first = schema.options().envs(env).execution_log(&log).start();
-                (first, Some(schema))
-            }
-        };
-        let token = first.tenant("acme", "support", TOOLS).await;
-        first.put_policy("acme", POLICY).await;
-        let mut gateways = vec![first];
-        if let Some(schema) = &schema {
-            let second = gateways[0].replica(schema.options().envs(env).execution_log(&log));
-            gateways.push(second);
-        }
-        Setup {
-            gateways,
-            _schema: schema,
-            log,
-            token,
-        }
-    }
-
-    /// The gateway a request goes to: the first, or the other replica for `i = 1`.
-    fn gateway(&self, i: usize) -> &Gateway {
-        &self.gateways[i % self.gateways.len()]
-    }
-
-    async fn call(&self, i: usize, request: pb::ExecuteToolRequest) -> pb::ToolCallResult {
-        self.gateway(i)
-            .agent()
-            .await
-            .execute_tool(authed(request, &self.token))
-            .await
-            .expect("ExecuteTool answers")
-            .into_inner()
-    }
-
-    async fn set_flag(&self, enabled: bool) {
-        self.gateway(0)
-            .admin()
-            .await
-            .set_feature_flag(authed(
-                pb::SetFeatureFlagRequest {
-                    tenant_id: "acme".into(),
-                    flag: "tool_calling_enabled".into(),
-                    enabled,
-                },
-                &self.gateway(0).admin_token,
-            ))
-            .await
-            .expect("flag set");
-    }
+/// One or two gateways on one ledger, a tenant `acme` (agent `support`) with the policy of the
+/// approval tests.
+async fn start(backend: Backend, env: &[(&str, &str)]) -> Cluster {
+    let acme = Tenant::setup("acme")
+        .tools(TOOLS)
+        .policy(BIG_TRANSFERS_NEED_APPROVAL);
+    Cluster::start(backend, env, acme).await
 }
 
 /// How many times `tool` was executed, counted outside the gateways.
@@ -117,6 +45,7 @@ fn echo_with_secret() -> String {
     serde_json::json!({"message": "order 1001", "api_token": SECRET}).to_string()
 }
 
+/// Opens the run `run_id` (chosen by the caller).
 async fn open_run(gateway: &Gateway, token: &str, run_id: &str) -> Result<pb::Run, tonic::Status> {
     gateway
         .agent()
@@ -134,9 +63,9 @@ async fn open_run(gateway: &Gateway, token: &str, run_id: &str) -> Result<pb::Ru
 }
 
 async fn run_ids_are_per_tenant(backend: Backend) {
-    let setup = Setup::start(backend, &[]).await;
+    let setup = start(backend, &[]).await;
     let other = setup.gateway(1).tenant("globex", "support", TOOLS).await;
-    let ours = open_run(setup.gateway(0), &setup.token, "run-shared")
+    let ours = open_run(setup.gateway(0), &setup.tenant.token, "run-shared")
         .await
         .unwrap();
     // For another tenant the id is as free as any other, and its run is its own.
@@ -147,7 +76,7 @@ async fn run_ids_are_per_tenant(backend: Backend) {
         (ours.tenant_id.as_str(), theirs.tenant_id.as_str()),
         ("acme", "globex")
     );
-    let taken = open_run(setup.gateway(1), &setup.token, "run-shared")
+    let taken = open_run(setup.gateway(1), &setup.tenant.token, "run-shared")
         .await
         .unwrap_err();
     assert_eq!(taken.code(), tonic::Code::AlreadyExists, "{taken:?}");
@@ -155,19 +84,15 @@ async fn run_ids_are_per_tenant(backend: Backend) {
     // The same tool_use_id in each tenant's run is two calls; neither sees the other's.
     let arguments = r#"{"message": "hi"}"#;
     let acme = setup
-        .call(0, keyed("run-shared", "testkit.echo", arguments, "tu-1"))
+        .execute(0, keyed("run-shared", "testkit.echo", arguments, "tu-1"))
         .await;
     let globex = setup
         .gateway(1)
-        .agent()
-        .await
-        .execute_tool(authed(
-            keyed("run-shared", "testkit.echo", arguments, "tu-1"),
+        .execute(
             &other,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+            keyed("run-shared", "testkit.echo", arguments, "tu-1"),
+        )
+        .await;
     assert!(!acme.replayed && !globex.replayed, "{acme:?} {globex:?}");
     assert_ne!(acme.tool_call_id, globex.tool_call_id);
     let calls = setup.gateway(0).tool_calls(&other, "run-shared").await;
@@ -177,12 +102,12 @@ async fn run_ids_are_per_tenant(backend: Backend) {
 }
 
 async fn a_replay_is_the_original_answer_in_full(backend: Backend) {
-    let setup = Setup::start(backend, &[]).await;
-    let run = setup.gateway(0).open_run(&setup.token, "support", 0).await;
+    let setup = start(backend, &[]).await;
+    let run = setup.open_run(0).await;
     let request = keyed(&run, "testkit.echo", &echo_with_secret(), "toolu_01");
-    let first = setup.call(0, request.clone()).await;
+    let first = setup.execute(0, request.clone()).await;
     assert_eq!(first.status(), pb::ToolCallStatus::Succeeded, "{first:?}");
-    let again = setup.call(1, request).await;
+    let again = setup.execute(1, request).await;
     assert!(again.replayed && !again.redacted, "{again:?}");
     assert_eq!(
         pb::ToolCallResult {
@@ -195,16 +120,16 @@ async fn a_replay_is_the_original_answer_in_full(backend: Backend) {
     assert!(again.result_json.contains(SECRET), "{}", again.result_json);
     assert_eq!(executions(&setup.log, "testkit.echo"), 1);
     // The ledger's own copy stays redacted.
-    let recorded = setup.gateway(1).tool_calls(&setup.token, &run).await;
+    let recorded = setup.gateway(1).tool_calls(&setup.tenant.token, &run).await;
     assert!(!recorded[0].output_redacted_json.contains(SECRET));
 }
 
 async fn an_approved_call_is_collected_in_full(backend: Backend) {
-    let setup = Setup::start(backend, &[]).await;
-    let run = setup.gateway(0).open_run(&setup.token, "support", 0).await;
+    let setup = start(backend, &[]).await;
+    let run = setup.open_run(0).await;
     let arguments = r#"{"amount": 5000, "region": "us-east-1", "account": "a-1"}"#;
     let request = keyed(&run, "testkit.transfer", arguments, "toolu_02");
-    let first = setup.call(0, request.clone()).await;
+    let first = setup.execute(0, request.clone()).await;
     assert_eq!(
         first.status(),
         pb::ToolCallStatus::WaitingApproval,
@@ -212,7 +137,7 @@ async fn an_approved_call_is_collected_in_full(backend: Backend) {
     );
 
     // A replay while it waits names the pending invocation and the decision.
-    let waiting = setup.call(1, request.clone()).await;
+    let waiting = setup.execute(1, request.clone()).await;
     assert!(waiting.replayed);
     assert_eq!(waiting.pending_invocation_id, first.pending_invocation_id);
     assert_eq!(waiting.decision, "require_expert_approval");
@@ -224,7 +149,7 @@ async fn an_approved_call_is_collected_in_full(backend: Backend) {
         timeout_ms,
     };
     let early = agent
-        .await_tool_call(authed(await_request(100), &setup.token))
+        .await_tool_call(authed(await_request(100), &setup.tenant.token))
         .await
         .unwrap()
         .into_inner();
@@ -234,23 +159,20 @@ async fn an_approved_call_is_collected_in_full(backend: Backend) {
     // An agent waiting on one replica while an approver decides on the other gets the result.
     let waiter = {
         let mut agent = agent.clone();
-        let request = authed(await_request(60_000), &setup.token);
+        let request = authed(await_request(60_000), &setup.tenant.token);
         tokio::spawn(async move { agent.await_tool_call(request).await })
     };
     let approver = setup.gateway(0).approver_token("acme").await;
-    let resumed = ApprovalServiceClient::new(setup.gateway(0).channel().await)
-        .resume(authed(
-            pb::ResumeRequest {
-                run_id: run.clone(),
-                invocation_id: first.pending_invocation_id.clone(),
-                decision: pb::ResumeDecision::Approve.into(),
-                reason: "customer confirmed".into(),
-            },
+    let resumed = setup
+        .gateway(0)
+        .resume(
             &approver,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+            &run,
+            &first.pending_invocation_id,
+            pb::ResumeDecision::Approve,
+            "customer confirmed",
+        )
+        .await;
     assert_eq!(
         resumed.outcome(),
         pb::ResumeOutcome::Executed,
@@ -270,7 +192,7 @@ async fn an_approved_call_is_collected_in_full(backend: Backend) {
     assert_eq!(collected.tool_call_id, first.tool_call_id);
 
     // The replay of the same tool_use_id is that outcome too; nothing ran twice.
-    let replayed = setup.call(1, request).await;
+    let replayed = setup.execute(1, request).await;
     assert!(replayed.replayed);
     assert_eq!(replayed.result_json, collected.result_json);
     assert_eq!(executions(&setup.log, "testkit.transfer"), 1);
@@ -285,15 +207,15 @@ async fn an_approved_call_is_collected_in_full(backend: Backend) {
 }
 
 async fn a_refused_call_is_evaluated_again(backend: Backend) {
-    let setup = Setup::start(backend, &[]).await;
-    let run = setup.gateway(0).open_run(&setup.token, "support", 0).await;
-    setup.set_flag(false).await;
+    let setup = start(backend, &[]).await;
+    let run = setup.open_run(0).await;
+    setup.gateway(0).set_tool_calling("acme", false).await;
     let request = keyed(&run, "testkit.echo", r#"{"message": "hi"}"#, "toolu_03");
-    let refused = setup.call(0, request.clone()).await;
+    let refused = setup.execute(0, request.clone()).await;
     assert_eq!(refused.error_code, "FEATURE_DISABLED", "{refused:?}");
 
-    setup.set_flag(true).await;
-    let executed = setup.call(1, request.clone()).await;
+    setup.gateway(0).set_tool_calling("acme", true).await;
+    let executed = setup.execute(1, request.clone()).await;
     assert_eq!(
         executed.status(),
         pb::ToolCallStatus::Succeeded,
@@ -304,18 +226,15 @@ async fn a_refused_call_is_evaluated_again(backend: Backend) {
         executed.tool_call_id, refused.tool_call_id,
         "the same call, evaluated again"
     );
-    let replay = setup.call(0, request.clone()).await;
+    let replay = setup.execute(0, request.clone()).await;
     assert!(replay.replayed, "{replay:?}");
     assert_eq!(executions(&setup.log, "testkit.echo"), 1);
 
     let conflict = setup
-        .gateway(0)
-        .agent()
-        .await
-        .execute_tool(authed(
+        .try_execute(
+            0,
             keyed(&run, "testkit.echo", r#"{"message": "other"}"#, "toolu_03"),
-            &setup.token,
-        ))
+        )
         .await
         .unwrap_err();
     assert_eq!(conflict.code(), tonic::Code::AlreadyExists, "{conflict:?}");
@@ -348,12 +267,12 @@ on_both!(a_refused_call_is_evaluated_again);
 /// (at start-up and every 30 s) removes it.
 #[tokio::test]
 async fn answers_are_sealed_at_rest_and_purged_after_their_retention() {
-    let setup = Setup::start(Backend::Sqlite, &[("TOOLGATE_ANSWER_RETENTION_MS", "1500")]).await;
+    let setup = start(Backend::Sqlite, &[("TOOLGATE_ANSWER_RETENTION_MS", "1500")]).await;
     let gateway = setup.gateway(0);
-    let run = gateway.open_run(&setup.token, "support", 0).await;
+    let run = gateway.open_run(&setup.tenant.token, "support", 0).await;
     let request = keyed(&run, "testkit.echo", &echo_with_secret(), "toolu_04");
-    let first = setup.call(0, request.clone()).await;
-    let fresh = setup.call(0, request.clone()).await;
+    let first = setup.execute(0, request.clone()).await;
+    let fresh = setup.execute(0, request.clone()).await;
     assert!(
         fresh.replayed && fresh.result_json.contains(SECRET),
         "{fresh:?}"
@@ -366,7 +285,7 @@ async fn answers_are_sealed_at_rest_and_purged_after_their_retention() {
     assert!(!sealed.contains(SECRET));
 
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let late = setup.call(0, request.clone()).await;
+    let late = setup.execute(0, request.clone()).await;
     assert!(late.replayed && late.redacted, "{late:?}");
     assert!(!late.result_json.contains(SECRET), "{}", late.result_json);
     assert!(
@@ -379,7 +298,7 @@ async fn answers_are_sealed_at_rest_and_purged_after_their_retention() {
     // A restart sweeps at once: the sealed answer is gone from the file.
     let dir = gateway.dir.clone();
     let admin_token = gateway.admin_token.clone();
-    let Setup { gateways, log, .. } = setup;
+    let Cluster { gateways, log, .. } = setup;
     let temp = gateways.into_iter().next().unwrap().stop();
     let _restarted = Gateway::options()
         .dir(&dir)

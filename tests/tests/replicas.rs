@@ -14,16 +14,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolgate_e2e::{ExecutionLog, Gateway, PgSchema, authed, execute, gateway_binary};
+use toolgate_e2e::{
+    BIG_TRANSFERS_NEED_APPROVAL, Backend, Cluster, ExecutionLog, PgSchema, Tenant, authed, execute,
+    gateway_binary,
+};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
-
-const POLICY: &str = r#"
-    @id("base") permit(principal, action, resource);
-    @id("big") @decision("require_expert_approval")
-    permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
-        when { context.args.amount > 1000 };
-"#;
 
 const TOOLS: &[&str] = &[
     "testkit.transfer",
@@ -35,86 +31,42 @@ const TOOLS: &[&str] = &[
 /// Liveness bound for waits on the gateways (not a speed assertion).
 const PATIENCE: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Clone, Copy)]
-enum Backend {
-    /// One gateway on its own SQLite file.
-    Sqlite,
-    /// Two gateway processes sharing one PostgreSQL schema.
-    Postgres,
-}
-
 /// The gateways of one test, a tenant `acme` with an agent `support`, the approval policy,
-/// an agent and an approver token. Fields drop in order: gateways, then the schema.
-#[derive(Debug)]
-struct Cluster {
-    gateways: Vec<Gateway>,
-    /// Dropped after the gateways (field order), which drops the schema.
-    schema: Option<PgSchema>,
-    log: ExecutionLog,
-    agent_token: String,
-    approver: String,
+/// an agent and an approver token.
+async fn start(backend: Backend) -> Cluster {
+    let acme = Tenant::setup("acme")
+        .tools(TOOLS)
+        .policy(BIG_TRANSFERS_NEED_APPROVAL)
+        .approver();
+    let cluster = Cluster::start(backend, &[], acme).await;
+    if let Some(schema) = &cluster.schema {
+        in_use(schema).await;
+    }
+    cluster
 }
 
-impl Cluster {
-    async fn start(backend: Backend) -> Cluster {
-        let log = ExecutionLog::new();
-        let (first, schema) = match backend {
-            Backend::Sqlite => (Gateway::options().execution_log(&log).start(), None),
-            Backend::Postgres => {
-                let schema = PgSchema::new().await;
-                let first = schema.options().execution_log(&log).start();
-                in_use(&schema).await;
-                (first, Some(schema))
-            }
-        };
-        let agent_token = first.tenant("acme", "support", TOOLS).await;
-        first.put_policy("acme", POLICY).await;
-        let approver = first.approver_token("acme").await;
-        let mut gateways = vec![first];
-        if let Some(schema) = &schema {
-            // Started after the set-up, so nothing about the tenant is cached in it yet.
-            let second = gateways[0].replica(schema.options().execution_log(&log));
-            gateways.push(second);
-        }
-        Cluster {
-            gateways,
-            schema,
-            log,
-            agent_token,
-            approver,
-        }
-    }
-
-    /// Gateway `i`, round-robin over the replicas.
-    fn gateway(&self, i: usize) -> &Gateway {
-        &self.gateways[i % self.gateways.len()]
-    }
-
-    /// A call suspended for approval: `(run, tool_call_id, pending_invocation_id)`.
-    async fn suspended_transfer(&self, gateway: usize, run: &str, n: usize) -> (String, String) {
-        let arguments = format!(
-            r#"{{"amount": {}, "region": "us-east-1", "account": "acct-{n}"}}"#,
-            5000 + n
-        );
-        let result = self
-            .gateway(gateway)
-            .agent()
-            .await
-            .execute_tool(authed(
-                execute(run, "testkit.transfer", &arguments),
-                &self.agent_token,
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("suspending transfer {n}: {e}"))
-            .into_inner();
-        assert_eq!(
-            result.status(),
-            pb::ToolCallStatus::WaitingApproval,
-            "{result:?}"
-        );
-        assert!(!result.pending_invocation_id.is_empty(), "{result:?}");
-        (result.tool_call_id, result.pending_invocation_id)
-    }
+/// A call suspended for approval on gateway `gateway`: `(tool_call_id, pending_invocation_id)`.
+async fn suspended_transfer(
+    cluster: &Cluster,
+    gateway: usize,
+    run: &str,
+    n: usize,
+) -> (String, String) {
+    let arguments = format!(
+        r#"{{"amount": {}, "region": "us-east-1", "account": "acct-{n}"}}"#,
+        5000 + n
+    );
+    let result = cluster
+        .try_execute(gateway, execute(run, "testkit.transfer", &arguments))
+        .await
+        .unwrap_or_else(|e| panic!("suspending transfer {n}: {e}"));
+    assert_eq!(
+        result.status(),
+        pb::ToolCallStatus::WaitingApproval,
+        "{result:?}"
+    );
+    assert!(!result.pending_invocation_id.is_empty(), "{result:?}");
+    (result.tool_call_id, result.pending_invocation_id)
 }
 
 /// The gateway migrated the schema: it is on PostgreSQL, not on a file of its own.
@@ -164,19 +116,16 @@ fn order(n: usize, seed: u64) -> Vec<usize> {
 
 async fn concurrent_approvals_of_one_invocation(backend: Backend) {
     const APPROVERS: usize = 64;
-    let cluster = Cluster::start(backend).await;
-    let run = cluster
-        .gateway(0)
-        .open_run(&cluster.agent_token, "support", 0)
-        .await;
-    let (call_id, invocation) = cluster.suspended_transfer(0, &run, 1).await;
+    let cluster = start(backend).await;
+    let run = cluster.open_run(0).await;
+    let (call_id, invocation) = suspended_transfer(&cluster, 0, &run, 1).await;
 
     // Every client connected before anyone decides, then all released at once.
     let barrier = Arc::new(tokio::sync::Barrier::new(APPROVERS));
     let mut tasks = Vec::new();
     for i in 0..APPROVERS {
         let mut client = ApprovalServiceClient::new(cluster.gateway(i).channel().await);
-        let request = authed(approve(&run, &invocation), &cluster.approver);
+        let request = authed(approve(&run, &invocation), cluster.tenant.approver());
         let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -221,18 +170,7 @@ async fn concurrent_approvals_of_one_invocation(backend: Backend) {
         "the connector ran exactly once"
     );
     for gateway in &cluster.gateways {
-        let recorded = gateway
-            .agent()
-            .await
-            .get_tool_call(authed(
-                pb::GetToolCallRequest {
-                    tool_call_id: call_id.clone(),
-                },
-                &cluster.agent_token,
-            ))
-            .await
-            .expect("get tool call")
-            .into_inner();
+        let recorded = gateway.get_tool_call(&cluster.tenant.token, &call_id).await;
         assert_eq!(
             recorded.status(),
             pb::ToolCallStatus::Succeeded,
@@ -259,12 +197,9 @@ async fn eight_approvers_over_a_thousand_invocations(backend: Backend) {
     const INVOCATIONS: usize = 1000;
     const APPROVERS: usize = 8;
     const WRITERS: usize = 16;
-    let cluster = Arc::new(Cluster::start(backend).await);
+    let cluster = Arc::new(start(backend).await);
     let max_calls = u32::try_from(INVOCATIONS * 2).expect("small budget");
-    let run = cluster
-        .gateway(0)
-        .open_run(&cluster.agent_token, "support", max_calls)
-        .await;
+    let run = cluster.open_run(max_calls).await;
 
     // Suspend the calls, sixteen at a time, over every replica.
     let mut writers = Vec::new();
@@ -274,7 +209,7 @@ async fn eight_approvers_over_a_thousand_invocations(backend: Backend) {
         writers.push(tokio::spawn(async move {
             let mut suspended = Vec::new();
             for n in (w..INVOCATIONS).step_by(WRITERS) {
-                suspended.push((n, cluster.suspended_transfer(w, &run, n).await));
+                suspended.push((n, suspended_transfer(&cluster, w, &run, n).await));
             }
             suspended
         }));
@@ -294,7 +229,7 @@ async fn eight_approvers_over_a_thousand_invocations(backend: Backend) {
     let mut approvers = Vec::new();
     for a in 0..APPROVERS {
         let mut client = ApprovalServiceClient::new(cluster.gateway(a).channel().await);
-        let token = cluster.approver.clone();
+        let token = cluster.tenant.approver().to_owned();
         let run = run.clone();
         let pending = Arc::clone(&pending);
         approvers.push(tokio::spawn(async move {
@@ -372,7 +307,7 @@ async fn eight_approvers_over_a_thousand_invocations(backend: Backend) {
 
     let calls = cluster
         .gateway(1)
-        .tool_calls(&cluster.agent_token, &run)
+        .tool_calls(&cluster.tenant.token, &run)
         .await;
     assert_eq!(calls.len(), INVOCATIONS);
     let not_succeeded: Vec<_> = calls
@@ -399,28 +334,10 @@ async fn pg_a_thousand_invocations_raced_by_eight_approvers_over_two_replicas_ex
 // Repeated tool_use_id, also while the first call is running
 // ---------------------------------------------------------------------------------------------
 
-/// Sends `request` to gateway `g`.
-async fn execute_on(
-    cluster: &Cluster,
-    g: usize,
-    request: pb::ExecuteToolRequest,
-) -> Result<pb::ToolCallResult, tonic::Status> {
-    cluster
-        .gateway(g)
-        .agent()
-        .await
-        .execute_tool(authed(request, &cluster.agent_token))
-        .await
-        .map(tonic::Response::into_inner)
-}
-
 async fn repeated_tool_use_ids_execute_once(backend: Backend) {
     const REPEATS: usize = 8;
-    let cluster = Arc::new(Cluster::start(backend).await);
-    let run = cluster
-        .gateway(0)
-        .open_run(&cluster.agent_token, "support", 1000)
-        .await;
+    let cluster = Arc::new(start(backend).await);
+    let run = cluster.open_run(1000).await;
 
     // A repeat while the first call runs. The first goes to gateway 0, the repeats to the
     // other replica (and some to the first one too). Whether a repeat arrived while the first
@@ -436,7 +353,7 @@ async fn repeated_tool_use_ids_execute_once(backend: Backend) {
         let first = {
             let cluster = Arc::clone(&cluster);
             let request = request.clone();
-            tokio::spawn(async move { execute_on(&cluster, 0, request).await })
+            tokio::spawn(async move { cluster.try_execute(0, request).await })
         };
         // The connector has been entered: the call is running.
         let entries = cluster.log.wait_for(before + 1, PATIENCE).await;
@@ -448,7 +365,7 @@ async fn repeated_tool_use_ids_execute_once(backend: Backend) {
             // Replica 1 (on SQLite the only gateway) for most; replica 0 for every fourth.
             let g = if r % 4 == 3 { 0 } else { 1 };
             repeats.push(tokio::spawn(async move {
-                execute_on(&cluster, g, request).await
+                cluster.try_execute(g, request).await
             }));
         }
         let mut saw_running = false;
@@ -474,7 +391,8 @@ async fn repeated_tool_use_ids_execute_once(backend: Backend) {
         assert_eq!(first.tool_call_id, call_id);
         // And once it is over, from either replica: the recorded outcome, no second run.
         for g in 0..2 {
-            let after = execute_on(&cluster, g, request.clone())
+            let after = cluster
+                .try_execute(g, request.clone())
                 .await
                 .expect("repeat after completion");
             assert!(after.replayed, "{after:?}");
@@ -506,7 +424,7 @@ async fn repeated_tool_use_ids_execute_once(backend: Backend) {
         request.tool_use_id = "toolu_race".into();
         request.timeout_ms = 120_000;
         let mut client = cluster.gateway(r).agent().await;
-        let token = cluster.agent_token.clone();
+        let token = cluster.tenant.token.clone();
         let barrier = Arc::clone(&barrier);
         racers.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -779,18 +697,15 @@ fn ledger_verify(schema: &PgSchema) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pg_restarting_a_killed_replica_leaves_the_other_replicas_calls_alone() {
     const EACH: usize = 4;
-    let mut cluster = Cluster::start(Backend::Postgres).await;
-    let run = cluster
-        .gateway(0)
-        .open_run(&cluster.agent_token, "support", 100)
-        .await;
+    let mut cluster = start(Backend::Postgres).await;
+    let run = cluster.open_run(100).await;
     // Replica 1's calls outlive replica 0's restart; replica 0's die with it.
     let mut survivors = Vec::new();
     for i in 0..EACH {
         let mut agent = cluster.gateway(1).agent().await;
         let request = authed(
             sleep_write(&run, &format!("toolu_b_{i}"), 10_000),
-            &cluster.agent_token,
+            &cluster.tenant.token,
         );
         survivors.push(tokio::spawn(
             async move { agent.execute_tool(request).await },
@@ -801,7 +716,7 @@ async fn pg_restarting_a_killed_replica_leaves_the_other_replicas_calls_alone() 
         let mut agent = cluster.gateway(0).agent().await;
         let request = authed(
             sleep_write(&run, &format!("toolu_a_{i}"), 60_000),
-            &cluster.agent_token,
+            &cluster.tenant.token,
         );
         doomed.push(tokio::spawn(
             async move { agent.execute_tool(request).await },
@@ -823,7 +738,7 @@ async fn pg_restarting_a_killed_replica_leaves_the_other_replicas_calls_alone() 
         .admin_token(&admin_token)
         .execution_log(&cluster.log)
         .start();
-    let calls = restarted.tool_calls(&cluster.agent_token, &run).await;
+    let calls = restarted.tool_calls(&cluster.tenant.token, &run).await;
     let still_running = calls
         .iter()
         .filter(|c| c.tool_use_id.starts_with("toolu_b_"))
@@ -849,7 +764,7 @@ async fn pg_restarting_a_killed_replica_leaves_the_other_replicas_calls_alone() 
     }
     let started = std::time::Instant::now();
     let calls = loop {
-        let calls = restarted.tool_calls(&cluster.agent_token, &run).await;
+        let calls = restarted.tool_calls(&cluster.tenant.token, &run).await;
         if calls
             .iter()
             .all(|c| c.status() != pb::ToolCallStatus::Running)

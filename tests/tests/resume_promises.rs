@@ -4,14 +4,10 @@
 //! rejections, and a connector's own status and attempt count reach the ledger. Executions are
 //! counted outside the gateway with the testkit's execution log.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tonic::transport::Channel;
-use toolgate_e2e::{ExecutionLog, Gateway, PgSchema, authed, execute, gateway_binary};
+use toolgate_e2e::{ExecutionLog, Gateway, PgSchema, Tenant, execute, slack_config};
 use toolgate_proto::v1 as pb;
-use toolgate_proto::v1::approval_service_client::ApprovalServiceClient;
 use toolgate_slack::testkit::{BOT_TOKEN, FakeSlack, HISTORY_CHANNEL, HangUp};
 
 const TOOLS: &[&str] = &[
@@ -41,20 +37,18 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// approver token.
 struct Setup {
     gateway: Gateway,
-    agent: String,
-    approver: String,
+    acme: Tenant,
 }
 
 impl Setup {
     async fn start(gateway: Gateway) -> Setup {
-        let agent = gateway.tenant("acme", "support", TOOLS).await;
-        gateway.put_policy("acme", POLICY).await;
-        let approver = gateway.approver_token("acme").await;
-        Setup {
-            gateway,
-            agent,
-            approver,
-        }
+        let acme = Tenant::setup("acme")
+            .tools(TOOLS)
+            .policy(POLICY)
+            .approver()
+            .create(&gateway)
+            .await;
+        Setup { gateway, acme }
     }
 
     /// Executes `tool` with an optional `timeout_ms` on `gateway`.
@@ -70,13 +64,7 @@ impl Setup {
             timeout_ms,
             ..execute(run, tool, arguments)
         };
-        gateway
-            .agent()
-            .await
-            .execute_tool(authed(request, &self.agent))
-            .await
-            .unwrap_or_else(|e| panic!("{tool}: {e}"))
-            .into_inner()
+        gateway.execute(&self.acme.token, request).await
     }
 
     /// Suspends `tool`; the answer, which names the pending invocation.
@@ -99,112 +87,55 @@ impl Setup {
         result
     }
 
-    async fn approvals(&self, gateway: &Gateway) -> ApprovalServiceClient<Channel> {
-        ApprovalServiceClient::new(gateway.channel().await)
-    }
-
-    async fn resume(
+    /// Decides the invocation `held` waits on, on `gateway`, as the tenant's approver.
+    async fn decide_on(
         &self,
         gateway: &Gateway,
         run: &str,
-        invocation: &str,
+        held: &pb::ToolCallResult,
         decision: pb::ResumeDecision,
     ) -> pb::ResumeResponse {
-        self.approvals(gateway)
+        let invocation = &held.pending_invocation_id;
+        gateway
+            .resume(self.acme.approver(), run, invocation, decision, "e2e")
             .await
-            .resume(authed(
-                pb::ResumeRequest {
-                    run_id: run.into(),
-                    invocation_id: invocation.into(),
-                    decision: decision.into(),
-                    reason: "e2e".into(),
-                },
-                &self.approver,
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("resume {invocation}: {e}"))
-            .into_inner()
+    }
+
+    /// Decides the invocation `held` waits on, on the first gateway.
+    async fn decide(
+        &self,
+        run: &str,
+        held: &pb::ToolCallResult,
+        decision: pb::ResumeDecision,
+    ) -> pb::ResumeResponse {
+        self.decide_on(&self.gateway, run, held, decision).await
     }
 
     async fn get_pending(&self, invocation: &str) -> pb::PendingInvocation {
-        self.approvals(&self.gateway)
+        self.gateway
+            .get_pending(self.acme.approver(), invocation)
             .await
-            .get_pending(authed(
-                pb::GetPendingRequest {
-                    invocation_id: invocation.into(),
-                },
-                &self.approver,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
     }
 
     async fn list_pending(&self, run: &str) -> Vec<pb::PendingInvocation> {
-        self.approvals(&self.gateway)
-            .await
-            .list_pending(authed(
-                pb::ListPendingRequest {
-                    run_id: run.into(),
-                    ..Default::default()
-                },
-                &self.approver,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .invocations
+        self.gateway.list_pending(self.acme.approver(), run).await
     }
 
-    async fn set_tool_calling(&self, enabled: bool) {
-        self.gateway
-            .admin()
-            .await
-            .set_feature_flag(authed(
-                pb::SetFeatureFlagRequest {
-                    tenant_id: "acme".into(),
-                    flag: "tool_calling_enabled".into(),
-                    enabled,
-                },
-                &self.gateway.admin_token,
-            ))
-            .await
-            .expect("set the kill switch");
+    async fn open_run(&self) -> String {
+        self.gateway.open_run(&self.acme.token, "support", 0).await
     }
-}
-
-async fn get_tool_call(gateway: &Gateway, token: &str, id: &str) -> pb::ToolCall {
-    gateway
-        .agent()
-        .await
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: id.into(),
-            },
-            token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 #[tokio::test]
 async fn an_approved_call_runs_under_the_timeout_the_agent_asked_for() {
     let log = ExecutionLog::new();
     let s = Setup::start(Gateway::options().execution_log(&log).start()).await;
-    let run = s.gateway.open_run(&s.agent, "support", 0).await;
+    let run = s.open_run().await;
     // 400 ms fits testkit.sleep's default of 500 ms, but not the 100 ms asked for.
     let held = s
         .suspend(&run, "testkit.sleep", r#"{"ms": 400}"#, 100)
         .await;
-    let approved = s
-        .resume(
-            &s.gateway,
-            &run,
-            &held.pending_invocation_id,
-            pb::ResumeDecision::Approve,
-        )
-        .await;
+    let approved = s.decide(&run, &held, pb::ResumeDecision::Approve).await;
     assert_eq!(approved.outcome(), pb::ResumeOutcome::Executed);
     let result = approved.result.expect("an executed answer");
     // Cut at its own timeout instead of running to the end under the tool's default.
@@ -235,19 +166,12 @@ async fn an_approved_call_runs_under_the_timeout_the_agent_asked_for() {
 async fn an_unknown_outcome_after_approval_is_never_run_again() {
     let log = ExecutionLog::new();
     let s = Setup::start(Gateway::options().execution_log(&log).start()).await;
-    let run = s.gateway.open_run(&s.agent, "support", 0).await;
+    let run = s.open_run().await;
     // A write that outlives its timeout: the vendor may have acted.
     let held = s
         .suspend(&run, "testkit.sleep_write", r#"{"ms": 5000}"#, 100)
         .await;
-    let approved = s
-        .resume(
-            &s.gateway,
-            &run,
-            &held.pending_invocation_id,
-            pb::ResumeDecision::Approve,
-        )
-        .await;
+    let approved = s.decide(&run, &held, pb::ResumeDecision::Approve).await;
     assert_eq!(approved.outcome(), pb::ResumeOutcome::Executed);
     let result = approved.result.expect("an executed answer");
     assert_eq!(
@@ -266,30 +190,28 @@ async fn an_unknown_outcome_after_approval_is_never_run_again() {
     );
 
     // Whatever an approver tries, the write runs once.
-    let again = s
-        .resume(
-            &s.gateway,
-            &run,
-            &held.pending_invocation_id,
-            pb::ResumeDecision::Approve,
-        )
-        .await;
+    let again = s.decide(&run, &held, pb::ResumeDecision::Approve).await;
     assert_eq!(again.outcome(), pb::ResumeOutcome::ClaimLost);
     for invocation in s.list_pending("").await {
-        s.resume(
-            &s.gateway,
-            &invocation.run_id,
-            &invocation.invocation_id,
-            pb::ResumeDecision::Approve,
-        )
-        .await;
+        s.gateway
+            .resume(
+                s.acme.approver(),
+                &invocation.run_id,
+                &invocation.invocation_id,
+                pb::ResumeDecision::Approve,
+                "e2e",
+            )
+            .await;
     }
     assert_eq!(
         log.counts().get(&held.tool_call_id),
         Some(&1),
         "executed once"
     );
-    let recorded = get_tool_call(&s.gateway, &s.agent, &held.tool_call_id).await;
+    let recorded = s
+        .gateway
+        .get_tool_call(&s.acme.token, &held.tool_call_id)
+        .await;
     assert_eq!(recorded.status(), pb::ToolCallStatus::OutcomeUnknown);
 }
 
@@ -297,21 +219,14 @@ async fn an_unknown_outcome_after_approval_is_never_run_again() {
 async fn the_kill_switch_refuses_approvals_until_it_is_on_again() {
     let log = ExecutionLog::new();
     let s = Setup::start(Gateway::options().execution_log(&log).start()).await;
-    let run = s.gateway.open_run(&s.agent, "support", 0).await;
+    let run = s.open_run().await;
     let first = s.suspend(&run, "testkit.transfer", TRANSFER, 0).await;
     let second = s.suspend(&run, "testkit.transfer", TRANSFER, 0).await;
     let third = s.suspend(&run, "testkit.transfer", TRANSFER, 0).await;
     let before = s.get_pending(&first.pending_invocation_id).await;
-    s.set_tool_calling(false).await;
+    s.gateway.set_tool_calling("acme", false).await;
 
-    let refused = s
-        .resume(
-            &s.gateway,
-            &run,
-            &first.pending_invocation_id,
-            pb::ResumeDecision::Approve,
-        )
-        .await;
+    let refused = s.decide(&run, &first, pb::ResumeDecision::Approve).await;
     assert_eq!(refused.outcome(), pb::ResumeOutcome::FeatureDisabled);
     let result = refused.result.expect("the refusal's details");
     assert_eq!(result.error_code, "FEATURE_DISABLED", "{result:?}");
@@ -327,34 +242,13 @@ async fn the_kill_switch_refuses_approvals_until_it_is_on_again() {
     assert!(log.entries().is_empty(), "nothing executed");
 
     // Decisions that execute nothing still work with the switch off.
-    let rejected = s
-        .resume(
-            &s.gateway,
-            &run,
-            &second.pending_invocation_id,
-            pb::ResumeDecision::Reject,
-        )
-        .await;
+    let rejected = s.decide(&run, &second, pb::ResumeDecision::Reject).await;
     assert_eq!(rejected.outcome(), pb::ResumeOutcome::Rejected);
-    let continued = s
-        .resume(
-            &s.gateway,
-            &run,
-            &third.pending_invocation_id,
-            pb::ResumeDecision::Continue,
-        )
-        .await;
+    let continued = s.decide(&run, &third, pb::ResumeDecision::Continue).await;
     assert_eq!(continued.outcome(), pb::ResumeOutcome::Continued);
 
-    s.set_tool_calling(true).await;
-    let approved = s
-        .resume(
-            &s.gateway,
-            &run,
-            &first.pending_invocation_id,
-            pb::ResumeDecision::Approve,
-        )
-        .await;
+    s.gateway.set_tool_calling("acme", true).await;
+    let approved = s.decide(&run, &first, pb::ResumeDecision::Approve).await;
     assert_eq!(approved.outcome(), pb::ResumeOutcome::Executed);
     assert_eq!(
         approved.result.unwrap().status(),
@@ -374,13 +268,13 @@ async fn pg_a_kill_switch_thrown_on_one_replica_stops_approvals_on_the_other() {
     let log = ExecutionLog::new();
     let s = Setup::start(schema.options().execution_log(&log).start()).await;
     let other = s.gateway.replica(schema.options().execution_log(&log));
-    let run = s.gateway.open_run(&s.agent, "support", 0).await;
+    let run = s.open_run().await;
     let held = s.suspend(&run, "testkit.transfer", TRANSFER, 0).await;
     // The other replica caches the switch as on.
     let warm = s.execute(&other, &run, "testkit.noop", "{}", 0).await;
     assert_eq!(warm.status(), pb::ToolCallStatus::Succeeded, "{warm:?}");
 
-    s.set_tool_calling(false).await;
+    s.gateway.set_tool_calling("acme", false).await;
     // Once the other replica has heard of it (PostgreSQL notifies it), its approvals stop too.
     let started = Instant::now();
     loop {
@@ -395,12 +289,7 @@ async fn pg_a_kill_switch_thrown_on_one_replica_stops_approvals_on_the_other() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let refused = s
-        .resume(
-            &other,
-            &run,
-            &held.pending_invocation_id,
-            pb::ResumeDecision::Approve,
-        )
+        .decide_on(&other, &run, &held, pb::ResumeDecision::Approve)
         .await;
     assert_eq!(refused.outcome(), pb::ResumeOutcome::FeatureDisabled);
     assert_eq!(
@@ -413,61 +302,25 @@ async fn pg_a_kill_switch_thrown_on_one_replica_stops_approvals_on_the_other() {
     );
 }
 
-/// Starts a gateway whose Slack connector talks to `fake` (loopback allowed).
-fn slack_gateway(fake: &FakeSlack, dir: &std::path::Path) -> Gateway {
-    let toml = format!(
-        "[connectors.slack]\napi_base_url = \"{}\"\nallow_hosts = [\"127.0.0.1\"]\nwebhook_hosts = [\"127.0.0.1\"]\n",
-        fake.api_base_url()
-    );
-    std::fs::write(dir.join("toolgate.toml"), toml).unwrap();
-    Gateway::start_in(dir, &[])
-}
-
 /// `toolgate secrets put TENANT slack_default`, the value on standard input.
 fn put_slack_secret(gateway: &Gateway, tenant: &str, value: &str) {
-    let mut child = Command::new(gateway_binary())
-        .args(["secrets", "put", tenant, "slack_default"])
-        .current_dir(&gateway.dir)
-        .env("TOOLGATE_ADDR", &gateway.url)
-        .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{value}\n").as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    gateway.secrets_put(tenant, "slack_default", &[], &format!("{value}\n"));
 }
 
 #[tokio::test]
 async fn a_connectors_outcome_unknown_and_attempts_are_recorded() {
     let fake = FakeSlack::start().await;
     let hang_up = HangUp::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    let gateway = slack_gateway(&fake, temp.path());
+    let gateway = Gateway::options().config(&slack_config(&fake)).start();
     // `acme` talks to the fake Slack, `globex` (its own base URL) to one that hangs up.
     let mut tokens = Vec::new();
     for tenant in ["acme", "globex"] {
-        let token = gateway
-            .tenant(
-                tenant,
-                "support",
-                &["slack.post_message", "slack.channel_history"],
-            )
-            .await;
-        gateway
-            .put_policy(tenant, r#"@id("all") permit(principal, action, resource);"#)
-            .await;
+        let token = Tenant::setup(tenant)
+            .tools(&["slack.post_message", "slack.channel_history"])
+            .policy(r#"@id("all") permit(principal, action, resource);"#)
+            .create(&gateway)
+            .await
+            .token;
         let run = gateway.open_run(&token, "support", 0).await;
         tokens.push((token, run));
     }
@@ -478,15 +331,7 @@ async fn a_connectors_outcome_unknown_and_attempts_are_recorded() {
     let call = |tenant: usize, tool: &'static str, arguments: String| {
         let gateway = &gateway;
         let (token, run) = &tokens[tenant];
-        async move {
-            gateway
-                .agent()
-                .await
-                .execute_tool(authed(execute(run, tool, &arguments), token))
-                .await
-                .unwrap_or_else(|e| panic!("{tool}: {e}"))
-                .into_inner()
-        }
+        async move { gateway.call(token, run, tool, &arguments).await }
     };
 
     // History is idempotent: two 429s are retried, then Slack refuses. Three attempts.
@@ -502,7 +347,9 @@ async fn a_connectors_outcome_unknown_and_attempts_are_recorded() {
     .await;
     assert_eq!(history.status(), pb::ToolCallStatus::Failed, "{history:?}");
     assert_eq!(history.attempts, 3, "{history:?}");
-    let recorded = get_tool_call(&gateway, &tokens[0].0, &history.tool_call_id).await;
+    let recorded = gateway
+        .get_tool_call(&tokens[0].0, &history.tool_call_id)
+        .await;
     assert_eq!(
         (recorded.status(), recorded.attempts),
         (pb::ToolCallStatus::Failed, 3)
@@ -525,7 +372,9 @@ async fn a_connectors_outcome_unknown_and_attempts_are_recorded() {
         (posted.error_code.as_str(), posted.attempts),
         ("OUTCOME_UNKNOWN", 1)
     );
-    let recorded = get_tool_call(&gateway, &tokens[1].0, &posted.tool_call_id).await;
+    let recorded = gateway
+        .get_tool_call(&tokens[1].0, &posted.tool_call_id)
+        .await;
     assert_eq!(
         (recorded.status(), recorded.attempts),
         (pb::ToolCallStatus::OutcomeUnknown, 1)

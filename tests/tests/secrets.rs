@@ -2,37 +2,14 @@
 //! declaring tool of their own tenant, keys rotate and rewrap online without failed calls,
 //! and start-up refuses a ledger whose keys are missing.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
-
-use toolgate_e2e::{Gateway, authed, execute, gateway_binary};
+use toolgate_e2e::{Gateway, authed, execute, serve_until_exit};
 use toolgate_proto::v1 as pb;
 
 const TOOLS: &[&str] = &["testkit.whoami", "testkit.noop"];
 
 async fn whoami(gateway: &Gateway, token: &str) -> pb::ToolCallResult {
-    let run = gateway
-        .agent()
-        .await
-        .create_run(authed(
-            pb::CreateRunRequest {
-                agent_id: "support".into(),
-                run_id: String::new(),
-                max_calls: 0,
-            },
-            token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
-    gateway
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.whoami", "{}"), token))
-        .await
-        .unwrap()
-        .into_inner()
+    let run = gateway.open_run(token, "support", 0).await;
+    gateway.call(token, &run, "testkit.whoami", "{}").await
 }
 
 fn key_len(result: &pb::ToolCallResult) -> u64 {
@@ -49,32 +26,12 @@ async fn a_sealed_secret_reaches_only_its_tenant_and_never_shows() {
     let secret = "sk-acme-0123456789abcdef";
 
     // The CLI reads the value from standard input, never from its arguments.
-    let mut child = Command::new(gateway_binary())
-        .args([
-            "secrets",
-            "put",
-            "acme",
-            "testkit_key",
-            "--notes",
-            "test key",
-        ])
-        .current_dir(&gateway.dir)
-        .env("TOOLGATE_ADDR", &gateway.url)
-        .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{secret}\n").as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{printed}");
+    let printed = gateway.secrets_put(
+        "acme",
+        "testkit_key",
+        &["--notes", "test key"],
+        &format!("{secret}\n"),
+    );
     assert!(!printed.contains(secret), "{printed}");
 
     assert_eq!(
@@ -164,19 +121,9 @@ async fn rotate_and_rewrap_during_load_fail_no_call() {
     let acme = gateway.tenant("acme", "support", TOOLS).await;
     let mut admin = gateway.admin().await;
     let admin_token = gateway.admin_token.clone();
-    admin
-        .put_secret(authed(
-            pb::PutSecretRequest {
-                tenant_id: "acme".into(),
-                name: "testkit_key".into(),
-                value: "twelve-chars".into(),
-                metadata_json: String::new(),
-                notes: String::new(),
-            },
-            &admin_token,
-        ))
-        .await
-        .unwrap();
+    gateway
+        .put_secret("acme", "testkit_key", "twelve-chars")
+        .await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -221,16 +168,19 @@ async fn rotate_and_rewrap_during_load_fail_no_call() {
             (ok, failed)
         }));
     }
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let in_use = admin
-        .retire_key(authed(
+    let retirer = gateway.admin().await;
+    let retire_k1 = || {
+        let mut admin = retirer.clone();
+        let request = authed(
             pb::RetireKeyRequest {
                 key_id: "k1".into(),
             },
             &admin_token,
-        ))
-        .await
-        .unwrap_err();
+        );
+        async move { admin.retire_key(request).await }
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let in_use = retire_k1().await.unwrap_err();
     assert!(in_use.message().contains("active key"), "{in_use}");
     let rotated = admin
         .rotate_key(authed(pb::RotateKeyRequest {}, &admin_token))
@@ -238,15 +188,7 @@ async fn rotate_and_rewrap_during_load_fail_no_call() {
         .unwrap()
         .into_inner();
     assert_eq!(rotated.active_key_id, "k2");
-    let still_needed = admin
-        .retire_key(authed(
-            pb::RetireKeyRequest {
-                key_id: "k1".into(),
-            },
-            &admin_token,
-        ))
-        .await
-        .unwrap_err();
+    let still_needed = retire_k1().await.unwrap_err();
     assert!(still_needed.message().contains("rewrap"), "{still_needed}");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let rewrapped = admin
@@ -256,16 +198,7 @@ async fn rotate_and_rewrap_during_load_fail_no_call() {
         .into_inner();
     assert_eq!(rewrapped.rewrapped, 1);
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let retired = admin
-        .retire_key(authed(
-            pb::RetireKeyRequest {
-                key_id: "k1".into(),
-            },
-            &admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let retired = retire_k1().await.unwrap().into_inner();
     assert_eq!(retired.key_ids, vec!["k2"]);
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -290,32 +223,13 @@ async fn rotate_and_rewrap_during_load_fail_no_call() {
 async fn start_up_refuses_a_ledger_whose_key_is_missing() {
     let gateway = Gateway::start();
     gateway.tenant("acme", "support", TOOLS).await;
-    gateway
-        .admin()
-        .await
-        .put_secret(authed(
-            pb::PutSecretRequest {
-                tenant_id: "acme".into(),
-                name: "testkit_key".into(),
-                value: "v".into(),
-                metadata_json: String::new(),
-                notes: String::new(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap();
+    gateway.put_secret("acme", "testkit_key", "v").await;
     let dir = gateway.dir.clone();
     let _temp = gateway.stop();
     // Replace the key file with one holding a different key.
     let other = "k9=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n";
     std::fs::write(dir.join("toolgate-keys"), other).unwrap();
-    let output = Command::new(gateway_binary())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(&dir)
-        .env_remove("TOOLGATE_BIN")
-        .output()
-        .unwrap();
+    let output = serve_until_exit(&dir);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
@@ -323,12 +237,7 @@ async fn start_up_refuses_a_ledger_whose_key_is_missing() {
         "{stderr}"
     );
     std::fs::write(dir.join("toolgate-keys"), "k1=short\n").unwrap();
-    let output = Command::new(gateway_binary())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(&dir)
-        .env_remove("TOOLGATE_BIN")
-        .output()
-        .unwrap();
+    let output = serve_until_exit(&dir);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("k1") && stderr.contains("base64"),

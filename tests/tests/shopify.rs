@@ -6,11 +6,8 @@
 //! and street redacted with the postal code kept. A Cedar condition on an argument, a tenant
 //! without the credential, and bad input are checked on the way.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
-use toolgate_e2e::{Gateway, authed, execute, gateway_binary};
+use toolgate_e2e::{Gateway, SHOPIFY_CONFIG, Tenant};
 use toolgate_proto::v1 as pb;
 use toolgate_shopify::testkit::{
     CUSTOMER_EMAIL, CUSTOMER_NAME, CUSTOMER_PHONE, CUSTOMER_STREET, CUSTOMER_ZIP, FakeShopify,
@@ -30,56 +27,11 @@ forbid(principal, action == Toolgate::Action::"shopify.order_lookup", resource)
   when { context.args has order_id };
 "#;
 
-/// Starts a gateway whose Shopify connector may reach the fake on loopback.
-fn start_gateway(dir: &std::path::Path) -> Gateway {
-    let toml = "[connectors.shopify]\napi_version = \"2026-10\"\nallow_hosts = [\"127.0.0.1\"]\n";
-    std::fs::write(dir.join("toolgate.toml"), toml).unwrap();
-    Gateway::start_in(dir, &[])
-}
-
-/// `toolgate secrets put TENANT shopify_default`, the value on standard input.
+/// `toolgate secrets put TENANT shopify_default`, the value on standard input (no newline);
+/// the CLI never prints it.
 fn put_secret(gateway: &Gateway, tenant: &str, value: &str) {
-    let mut child = Command::new(gateway_binary())
-        .args(["secrets", "put", tenant, "shopify_default"])
-        .current_dir(&gateway.dir)
-        .env("TOOLGATE_ADDR", &gateway.url)
-        .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(value.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{printed}");
+    let printed = gateway.secrets_put(tenant, "shopify_default", &[], value);
     assert!(!printed.contains("shpat_"), "{printed}");
-}
-
-async fn call(
-    gateway: &Gateway,
-    token: &str,
-    run: &str,
-    tool_use_id: &str,
-    tool: &str,
-    arguments: &str,
-) -> pb::ToolCallResult {
-    let request = pb::ExecuteToolRequest {
-        tool_use_id: tool_use_id.into(),
-        ..execute(run, tool, arguments)
-    };
-    gateway
-        .agent()
-        .await
-        .execute_tool(authed(request, token))
-        .await
-        .unwrap_or_else(|e| panic!("{tool}: {e}"))
-        .into_inner()
 }
 
 /// Every byte of the gateway's ledger files (the database and its write-ahead log).
@@ -104,23 +56,26 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 #[tokio::test]
 async fn order_status_through_the_gateway_with_redacted_ledger() {
     let fake = FakeShopify::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    let gateway = start_gateway(temp.path());
-    let token = gateway.tenant("acme", "support", TOOLS).await;
+    let gateway = Gateway::options().config(SHOPIFY_CONFIG).start();
+    let token = Tenant::setup("acme")
+        .tools(TOOLS)
+        .policy(POLICY)
+        .create(&gateway)
+        .await
+        .token;
     put_secret(&gateway, "acme", &fake.token_secret());
-    gateway.put_policy("acme", POLICY).await;
     let run = gateway.open_run(&token, "support", 0).await;
 
     // "What's the status of my order #1001?"
-    let looked_up = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_01",
-        "shopify.order_lookup",
-        r##"{"order_number": "#1001"}"##,
-    )
-    .await;
+    let looked_up = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_01",
+            "shopify.order_lookup",
+            r##"{"order_number": "#1001"}"##,
+        )
+        .await;
     assert_eq!(
         looked_up.status(),
         pb::ToolCallStatus::Succeeded,
@@ -140,18 +95,7 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
     assert_eq!(order["shipping_address"]["address1"], CUSTOMER_STREET);
 
     // The ledger keeps it redacted, the postal code and the tracking kept.
-    let stored = gateway
-        .agent()
-        .await
-        .get_tool_call(authed(
-            pb::GetToolCallRequest {
-                tool_call_id: looked_up.tool_call_id.clone(),
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let stored = gateway.get_tool_call(&token, &looked_up.tool_call_id).await;
     assert_eq!(stored.status(), pb::ToolCallStatus::Succeeded);
     assert_eq!(stored.attempts, 2, "the number search and the order");
     let redacted: Value = serde_json::from_str(&stored.output_redacted_json).unwrap();
@@ -175,7 +119,7 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
     );
     assert_eq!(redacted["fulfillment_status"], "PARTIALLY_FULFILLED");
     // Nor is any of it in the database files, nor the access token.
-    let bytes = ledger_bytes(temp.path());
+    let bytes = ledger_bytes(&gateway.dir);
     assert!(!bytes.is_empty());
     for personal in [CUSTOMER_EMAIL, CUSTOMER_PHONE, CUSTOMER_STREET, "shpat_"] {
         assert!(
@@ -186,15 +130,15 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
     let served = fake.served().len();
 
     // The policy allows lookups by the number the customer gives, never by raw id.
-    let blocked = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_02",
-        "shopify.order_lookup",
-        r#"{"order_id": "5001"}"#,
-    )
-    .await;
+    let blocked = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_02",
+            "shopify.order_lookup",
+            r#"{"order_id": "5001"}"#,
+        )
+        .await;
     assert_eq!(blocked.status(), pb::ToolCallStatus::Blocked, "{blocked:?}");
     assert_eq!(blocked.error_code, "POLICY_BLOCKED");
     assert_eq!(fake.served().len(), served, "nothing sent");
@@ -210,21 +154,23 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
         } else {
             "shopify.product_search"
         };
-        let refused = call(&gateway, &token, &run, id, tool, &arguments).await;
+        let refused = gateway
+            .call_with_id(&token, &run, id, tool, &arguments)
+            .await;
         assert_eq!(refused.error_code, "INVALID_ARGUMENTS", "{refused:?}");
     }
     assert_eq!(fake.served().len(), served, "nothing sent");
 
     // An order the store does not have is a failure the LLM can relay.
-    let missing = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_06",
-        "shopify.order_lookup",
-        r##"{"order_number": "#4242"}"##,
-    )
-    .await;
+    let missing = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_06",
+            "shopify.order_lookup",
+            r##"{"order_number": "#4242"}"##,
+        )
+        .await;
     assert_eq!(missing.status(), pb::ToolCallStatus::Failed);
     assert!(
         missing.error_message.starts_with("ORDER_NOT_FOUND"),
@@ -232,15 +178,15 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
     );
 
     // Products and search work through the same credential.
-    let product = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_07",
-        "shopify.product_lookup",
-        r#"{"handle": "classic-tee"}"#,
-    )
-    .await;
+    let product = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_07",
+            "shopify.product_lookup",
+            r#"{"handle": "classic-tee"}"#,
+        )
+        .await;
     assert_eq!(
         product.status(),
         pb::ToolCallStatus::Succeeded,
@@ -248,15 +194,15 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
     );
     let product: Value = serde_json::from_str(&product.result_json).unwrap();
     assert_eq!(product["variants"][0]["sku"], "TEE-BLK-M");
-    let search = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_08",
-        "shopify.product_search",
-        r#"{"query": "product_type:Shirts", "limit": 3}"#,
-    )
-    .await;
+    let search = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_08",
+            "shopify.product_search",
+            r#"{"query": "product_type:Shirts", "limit": 3}"#,
+        )
+        .await;
     let page: Value = serde_json::from_str(&search.result_json).unwrap();
     assert_eq!(page["products"].as_array().unwrap().len(), 3);
     assert_eq!(page["has_next_page"], true);
@@ -265,34 +211,33 @@ async fn order_status_through_the_gateway_with_redacted_ledger() {
 #[tokio::test]
 async fn a_tenant_without_the_credential_gets_credentials_not_found() {
     let fake = FakeShopify::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    let gateway = start_gateway(temp.path());
+    let gateway = Gateway::options().config(SHOPIFY_CONFIG).start();
     let token = gateway.tenant("globex", "support", TOOLS).await;
     let run = gateway.open_run(&token, "support", 0).await;
-    let outcome = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_01",
-        "shopify.order_lookup",
-        r##"{"order_number": "#1001"}"##,
-    )
-    .await;
+    let outcome = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_01",
+            "shopify.order_lookup",
+            r##"{"order_number": "#1001"}"##,
+        )
+        .await;
     assert_eq!(outcome.status(), pb::ToolCallStatus::Failed, "{outcome:?}");
     assert_eq!(outcome.error_code, "CREDENTIALS_NOT_FOUND");
     assert_eq!(fake.total_requests().await, 0);
 
     // With client credentials stored, the same call runs, the token fetched by the grant.
     put_secret(&gateway, "globex", &fake.client_secret());
-    let outcome = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_02",
-        "shopify.order_lookup",
-        r##"{"order_number": "#1001"}"##,
-    )
-    .await;
+    let outcome = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_02",
+            "shopify.order_lookup",
+            r##"{"order_number": "#1001"}"##,
+        )
+        .await;
     assert_eq!(
         outcome.status(),
         pb::ToolCallStatus::Succeeded,

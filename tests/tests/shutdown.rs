@@ -78,19 +78,7 @@ async fn sigterm_drains_calls_ends_streams_and_exits_zero() {
     let run = gateway.open_run(&token, "support", 0).await;
     assert_eq!(health(&gateway, "").await, ServingStatus::Serving);
 
-    let mut watch = gateway
-        .agent()
-        .await
-        .watch_run(authed(
-            pb::WatchRunRequest {
-                run_id: run.clone(),
-                after_cursor: 0,
-            },
-            &token,
-        ))
-        .await
-        .expect("watch opens")
-        .into_inner();
+    let mut watch = gateway.watch_run(&token, &run, 0).await;
     let in_flight = slow_call(&gateway, &token, &run, 3000);
     until_running(&gateway, &token, &run).await;
 
@@ -120,9 +108,7 @@ async fn sigterm_drains_calls_ends_streams_and_exits_zero() {
 
     // A new call is refused with UNAVAILABLE, saying why, and never reaches the ledger.
     let refused = gateway
-        .agent()
-        .await
-        .execute_tool(authed(execute(&run, "testkit.noop", "{}"), &token))
+        .try_execute(&token, execute(&run, "testkit.noop", "{}"))
         .await
         .expect_err("new calls are refused while draining");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");

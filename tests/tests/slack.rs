@@ -4,11 +4,8 @@
 //! allow-listed set of channels. (The approvals API has not landed yet, so a post outside the
 //! list is asserted to stop at WAITING_APPROVAL with a pending invocation and nothing sent.)
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
-use toolgate_e2e::{Gateway, authed, execute, gateway_binary};
+use toolgate_e2e::{Gateway, Tenant, authed, slack_config};
 use toolgate_proto::v1 as pb;
 use toolgate_slack::testkit::{BOT_TOKEN, FakeSlack, HISTORY_CHANNEL, NOT_MEMBER_CHANNEL};
 
@@ -33,77 +30,11 @@ permit(
 ) when { !(["C0ALLOWED1", "C0ALLOWED2"].contains(context.args.channel)) };
 "#;
 
-/// Starts a gateway whose Slack connector talks to `fake`.
-fn start_gateway(fake: &FakeSlack, dir: &std::path::Path) -> Gateway {
-    let toml = format!(
-        "[connectors.slack]\napi_base_url = \"{}\"\nallow_hosts = [\"127.0.0.1\"]\nwebhook_hosts = [\"127.0.0.1\"]\n",
-        fake.api_base_url()
-    );
-    std::fs::write(dir.join("toolgate.toml"), toml).unwrap();
-    Gateway::start_in(dir, &[])
-}
-
-/// `toolgate secrets put TENANT slack_default`, the value on standard input.
+/// `toolgate secrets put TENANT slack_default`, the value on standard input; the CLI never
+/// prints it.
 fn put_secret(gateway: &Gateway, tenant: &str, value: &str) {
-    let mut child = Command::new(gateway_binary())
-        .args(["secrets", "put", tenant, "slack_default"])
-        .current_dir(&gateway.dir)
-        .env("TOOLGATE_ADDR", &gateway.url)
-        .env_remove("TOOLGATE_BIN")
-        .env_remove("TOOLGATE_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{value}\n").as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{printed}");
+    let printed = gateway.secrets_put(tenant, "slack_default", &[], &format!("{value}\n"));
     assert!(!printed.contains(value), "{printed}");
-}
-
-async fn open_run(gateway: &Gateway, token: &str) -> String {
-    gateway
-        .agent()
-        .await
-        .create_run(authed(
-            pb::CreateRunRequest {
-                agent_id: "support".into(),
-                run_id: String::new(),
-                max_calls: 0,
-            },
-            token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id
-}
-
-async fn call(
-    gateway: &Gateway,
-    token: &str,
-    run: &str,
-    tool_use_id: &str,
-    tool: &str,
-    arguments: &str,
-) -> pb::ToolCallResult {
-    let request = pb::ExecuteToolRequest {
-        tool_use_id: tool_use_id.into(),
-        ..execute(run, tool, arguments)
-    };
-    gateway
-        .agent()
-        .await
-        .execute_tool(authed(request, token))
-        .await
-        .unwrap_or_else(|e| panic!("{tool}: {e}"))
-        .into_inner()
 }
 
 fn result(outcome: &pb::ToolCallResult) -> Value {
@@ -113,34 +44,28 @@ fn result(outcome: &pb::ToolCallResult) -> Value {
 #[tokio::test]
 async fn slack_through_the_gateway_with_policy_and_credentials() {
     let fake = FakeSlack::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    let gateway = start_gateway(&fake, temp.path());
-    let token = gateway.tenant("acme", "support", TOOLS).await;
+    let gateway = Gateway::options().config(&slack_config(&fake)).start();
+    // The policy is accepted by the schema generated from the tools.
+    let acme = Tenant::setup("acme")
+        .tools(TOOLS)
+        .policy(POLICY)
+        .approver()
+        .create(&gateway)
+        .await;
+    let token = acme.token.clone();
     put_secret(&gateway, "acme", BOT_TOKEN);
-    gateway
-        .admin()
-        .await
-        .put_policy(authed(
-            pb::PutPolicyRequest {
-                tenant_id: "acme".into(),
-                text: POLICY.into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .expect("policy accepted by the generated schema");
-    let run = open_run(&gateway, &token).await;
+    let run = gateway.open_run(&token, "support", 0).await;
 
     // An allow-listed channel posts at once.
-    let posted = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_01",
-        "slack.post_message",
-        r#"{"channel": "C0ALLOWED1", "text": "deploy finished"}"#,
-    )
-    .await;
+    let posted = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_01",
+            "slack.post_message",
+            r#"{"channel": "C0ALLOWED1", "text": "deploy finished"}"#,
+        )
+        .await;
     assert_eq!(posted.status(), pb::ToolCallStatus::Succeeded, "{posted:?}");
     assert_eq!(posted.decision, "allow");
     let value = result(&posted);
@@ -149,15 +74,15 @@ async fn slack_through_the_gateway_with_policy_and_credentials() {
     assert_eq!(fake.requests("chat.postMessage").await.len(), 1);
 
     // Any other channel waits for approval, with a pending invocation, and sends nothing.
-    let held = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_02",
-        "slack.post_message",
-        r#"{"channel": "C0ELSEWHERE", "text": "hello"}"#,
-    )
-    .await;
+    let held = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_02",
+            "slack.post_message",
+            r#"{"channel": "C0ELSEWHERE", "text": "hello"}"#,
+        )
+        .await;
     assert_eq!(
         held.status(),
         pb::ToolCallStatus::WaitingApproval,
@@ -168,29 +93,29 @@ async fn slack_through_the_gateway_with_policy_and_credentials() {
     assert_eq!(fake.requests("chat.postMessage").await.len(), 1);
 
     // The same tool_use_id again is a replay: the post was executed once.
-    let replay = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_01",
-        "slack.post_message",
-        r#"{"channel": "C0ALLOWED1", "text": "deploy finished"}"#,
-    )
-    .await;
+    let replay = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_01",
+            "slack.post_message",
+            r#"{"channel": "C0ALLOWED1", "text": "deploy finished"}"#,
+        )
+        .await;
     assert!(replay.replayed, "{replay:?}");
     assert_eq!(replay.status(), pb::ToolCallStatus::Succeeded);
     assert_eq!(fake.requests("chat.postMessage").await.len(), 1);
 
     // Reading needs no approval; pagination and normalization come through.
-    let history = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_03",
-        "slack.channel_history",
-        &format!(r#"{{"channel": "{HISTORY_CHANNEL}", "limit": 3}}"#),
-    )
-    .await;
+    let history = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_03",
+            "slack.channel_history",
+            &format!(r#"{{"channel": "{HISTORY_CHANNEL}", "limit": 3}}"#),
+        )
+        .await;
     assert_eq!(
         history.status(),
         pb::ToolCallStatus::Succeeded,
@@ -202,15 +127,15 @@ async fn slack_through_the_gateway_with_policy_and_credentials() {
     assert_eq!(value["has_more"], true);
 
     // A vendor error is an outcome with a stable code and Slack's error name.
-    let refused = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_04",
-        "slack.channel_history",
-        &format!(r#"{{"channel": "{NOT_MEMBER_CHANNEL}"}}"#),
-    )
-    .await;
+    let refused = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_04",
+            "slack.channel_history",
+            &format!(r#"{{"channel": "{NOT_MEMBER_CHANNEL}"}}"#),
+        )
+        .await;
     assert_eq!(refused.status(), pb::ToolCallStatus::Failed);
     assert_eq!(refused.error_code, "VENDOR_ERROR");
     assert!(
@@ -223,15 +148,9 @@ async fn slack_through_the_gateway_with_policy_and_credentials() {
         r#"{{"channel": "C0ALLOWED2", "blocks": [{{"type": "header", "text": {{"type": "plain_text", "text": "{}"}}}}]}}"#,
         "h".repeat(151)
     );
-    let invalid = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_05",
-        "slack.post_blocks",
-        &too_long,
-    )
-    .await;
+    let invalid = gateway
+        .call_with_id(&token, &run, "toolu_05", "slack.post_blocks", &too_long)
+        .await;
     assert_eq!(invalid.error_code, "INVALID_ARGUMENTS", "{invalid:?}");
     assert!(
         invalid
@@ -242,27 +161,10 @@ async fn slack_through_the_gateway_with_policy_and_credentials() {
     assert_eq!(fake.requests("chat.postMessage").await.len(), 1);
 
     // An approver approves the held post: concurrent approvals post it exactly once.
-    let approver = gateway
-        .admin()
-        .await
-        .create_token(authed(
-            pb::CreateTokenRequest {
-                role: "approver".into(),
-                tenant_id: "acme".into(),
-                agent_id: String::new(),
-                label: "ops-lead".into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .token;
+    let approver = acme.approver().to_owned();
     let mut decisions = Vec::new();
     for _ in 0..3 {
-        let mut approvals = toolgate_proto::v1::approval_service_client::ApprovalServiceClient::new(
-            gateway.channel().await,
-        );
+        let mut approvals = gateway.approvals().await;
         let request = pb::ResumeRequest {
             run_id: run.clone(),
             invocation_id: held.pending_invocation_id.clone(),
@@ -297,40 +199,27 @@ async fn slack_through_the_gateway_with_policy_and_credentials() {
     );
 
     // The bot token never shows in anything the agent or the ledger gets back.
-    let calls = gateway
-        .agent()
-        .await
-        .list_tool_calls(authed(
-            pb::ListToolCallsRequest {
-                run_id: run.clone(),
-                ..Default::default()
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let calls = gateway.tool_calls(&token, &run).await;
     assert!(!format!("{calls:?}").contains(BOT_TOKEN));
 }
 
 #[tokio::test]
 async fn a_webhook_tenant_posts_but_cannot_read() {
     let fake = FakeSlack::start().await;
-    let temp = tempfile::tempdir().unwrap();
-    let gateway = start_gateway(&fake, temp.path());
+    let gateway = Gateway::options().config(&slack_config(&fake)).start();
     let token = gateway.tenant("globex", "support", TOOLS).await;
     put_secret(&gateway, "globex", &fake.webhook_url());
-    let run = open_run(&gateway, &token).await;
+    let run = gateway.open_run(&token, "support", 0).await;
 
-    let posted = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_01",
-        "slack.post_message",
-        r#"{"channel": "C0ANY", "text": "via webhook"}"#,
-    )
-    .await;
+    let posted = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_01",
+            "slack.post_message",
+            r#"{"channel": "C0ANY", "text": "via webhook"}"#,
+        )
+        .await;
     assert_eq!(posted.status(), pb::ToolCallStatus::Succeeded, "{posted:?}");
     assert_eq!(result(&posted)["delivered_via"], "webhook");
     assert_eq!(
@@ -340,15 +229,15 @@ async fn a_webhook_tenant_posts_but_cannot_read() {
         1
     );
 
-    let history = call(
-        &gateway,
-        &token,
-        &run,
-        "toolu_02",
-        "slack.channel_history",
-        &format!(r#"{{"channel": "{HISTORY_CHANNEL}"}}"#),
-    )
-    .await;
+    let history = gateway
+        .call_with_id(
+            &token,
+            &run,
+            "toolu_02",
+            "slack.channel_history",
+            &format!(r#"{{"channel": "{HISTORY_CHANNEL}"}}"#),
+        )
+        .await;
     assert_eq!(history.status(), pb::ToolCallStatus::Failed);
     assert_eq!(history.error_code, "CREDENTIALS_NOT_FOUND");
     assert!(
