@@ -28,7 +28,7 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("sqlx", &["toolgate-ledger"]),
     ("cedar-policy", &["toolgate-policy"]),
     ("jsonschema", &["toolgate-engine"]),
-    ("moka", &["toolgate-engine"]),
+    ("quick_cache", &["toolgate-engine"]),
     ("tonic*", &["toolgate-proto", "toolgate-server", "toolgate"]),
     ("prost*", &["toolgate-proto"]),
     ("pbjson*", &["toolgate-proto"]),
