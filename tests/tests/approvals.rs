@@ -147,8 +147,8 @@ async fn the_cli_lists_and_approves() {
     let stdout = String::from_utf8_lossy(&approved.stdout);
     assert!(approved.status.success(), "{stdout}");
     assert!(
-        stdout.contains("\"outcome\": \"executed\"")
-            && stdout.contains("\"status\": \"succeeded\""),
+        stdout.contains("\"outcome\": \"RESUME_OUTCOME_EXECUTED\"")
+            && stdout.contains("\"status\": \"TOOL_CALL_STATUS_SUCCEEDED\""),
         "{stdout}"
     );
     let again = cli(&[
@@ -162,5 +162,5 @@ async fn the_cli_lists_and_approves() {
         Some(5),
         "a decision that did not apply exits 5"
     );
-    assert!(String::from_utf8_lossy(&again.stdout).contains("claim_lost"));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("RESUME_OUTCOME_CLAIM_LOST"));
 }

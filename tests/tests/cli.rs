@@ -89,7 +89,7 @@ fn the_quickstart_works_from_the_command_line() {
         String::from_utf8_lossy(&call.stderr)
     );
     let outcome = json(&call);
-    assert_eq!(outcome["status"], "succeeded");
+    assert_eq!(outcome["status"], "TOOL_CALL_STATUS_SUCCEEDED");
     assert_eq!(outcome["result"]["message"], "hello");
 
     let refused = toolgate(

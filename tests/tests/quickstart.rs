@@ -157,9 +157,9 @@ fn the_readme_quickstart_runs_as_written() {
     // What the README says each step shows.
     for expected in [
         r#""message": "hello""#,
-        r#""status": "succeeded""#,
-        r#""status": "waiting_approval""#,
-        r#""outcome": "executed""#,
+        r#""status": "TOOL_CALL_STATUS_SUCCEEDED""#,
+        r#""status": "TOOL_CALL_STATUS_WAITING_APPROVAL""#,
+        r#""outcome": "RESUME_OUTCOME_EXECUTED""#,
         r#""name": "slack_default""#,
     ] {
         assert!(
@@ -286,7 +286,10 @@ async fn each_command_uses_a_token_of_its_own_role() {
     let approver = gateway.approver_token("acme").await;
     let continued = toolgate(&gateway, &cont, &[("TOOLGATE_APPROVER_TOKEN", &approver)]);
     assert_eq!(continued.status.code(), Some(0), "{}", stderr(&continued));
-    assert!(String::from_utf8_lossy(&continued.stdout).contains(r#""outcome": "continued""#));
+    assert!(
+        String::from_utf8_lossy(&continued.stdout)
+            .contains(r#""outcome": "RESUME_OUTCOME_CONTINUED""#)
+    );
     let again = toolgate(&gateway, &cont, &[("TOOLGATE_APPROVER_TOKEN", &approver)]);
     assert_eq!(
         again.status.code(),
