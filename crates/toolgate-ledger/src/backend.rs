@@ -124,22 +124,18 @@ impl<B: Backend> Store for B {
     }
 
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>, LedgerError> {
-        let row = query("SELECT id, name, created_at FROM tenants WHERE id = $1")
+        query("SELECT id, name, created_at FROM tenants WHERE id = $1")
             .bind(id.as_str())
-            .fetch_optional(self.reader())
+            .optional(self.reader(), tenant_from_row)
             .await
-            .map_err(read_error)?;
-        row.as_ref().map(tenant_from_row).transpose()
     }
 
     async fn list_tenants(&self) -> Result<Vec<Tenant>, LedgerError> {
         // The system chain's reserved row is not a tenant.
-        let rows = query("SELECT id, name, created_at FROM tenants WHERE id <> $1 ORDER BY id")
+        query("SELECT id, name, created_at FROM tenants WHERE id <> $1 ORDER BY id")
             .bind(SYSTEM_CHAIN)
-            .fetch_all(self.reader())
+            .all(self.reader(), tenant_from_row)
             .await
-            .map_err(read_error)?;
-        rows.iter().map(tenant_from_row).collect()
     }
 
     async fn create_agent(&self, agent: Agent, actor: &Actor) -> Result<(), LedgerError> {
@@ -152,24 +148,18 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         id: &AgentId,
     ) -> Result<Option<Agent>, LedgerError> {
-        let row =
-            query("SELECT tenant, id, name, created_at FROM agents WHERE tenant = $1 AND id = $2")
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .fetch_optional(self.reader())
-                .await
-                .map_err(read_error)?;
-        row.as_ref().map(agent_from_row).transpose()
+        query("SELECT tenant, id, name, created_at FROM agents WHERE tenant = $1 AND id = $2")
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .optional(self.reader(), agent_from_row)
+            .await
     }
 
     async fn list_agents(&self, tenant: &TenantId) -> Result<Vec<Agent>, LedgerError> {
-        let rows =
-            query("SELECT tenant, id, name, created_at FROM agents WHERE tenant = $1 ORDER BY id")
-                .bind(tenant.as_str())
-                .fetch_all(self.reader())
-                .await
-                .map_err(read_error)?;
-        rows.iter().map(agent_from_row).collect()
+        query("SELECT tenant, id, name, created_at FROM agents WHERE tenant = $1 ORDER BY id")
+            .bind(tenant.as_str())
+            .all(self.reader(), agent_from_row)
+            .await
     }
 
     async fn create_token(&self, token: TokenRecord, actor: &Actor) -> Result<(), LedgerError> {
@@ -178,15 +168,13 @@ impl<B: Backend> Store for B {
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, LedgerError> {
-        let row = query(
+        query(
             "SELECT id, hash, role, tenant, agent, label, created_at, revoked \
              FROM api_tokens WHERE hash = $1",
         )
         .bind(hash)
-        .fetch_optional(self.reader())
+        .optional(self.reader(), token_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(token_from_row).transpose()
     }
 
     async fn list_tokens(
@@ -194,29 +182,26 @@ impl<B: Backend> Store for B {
         tenant: Option<&TenantId>,
     ) -> Result<Vec<TokenRecord>, LedgerError> {
         // `IS NOT DISTINCT FROM` matches NULL to NULL, so `None` lists the admin tokens.
-        let rows = query(
+        query(
             "SELECT id, hash, role, tenant, agent, label, created_at, revoked \
              FROM api_tokens WHERE tenant IS NOT DISTINCT FROM $1 ORDER BY id",
         )
         .bind(tenant.map(TenantId::as_str))
-        .fetch_all(self.reader())
+        .all(self.reader(), token_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(token_from_row).collect()
     }
 
     async fn revoke_token(&self, id: &str, actor: &Actor) -> Result<(), LedgerError> {
         // The token's tenant decides the event's chain (whose head a PostgreSQL batch locks
         // before it runs); it never changes once stored.
-        let row = query("SELECT tenant FROM api_tokens WHERE id = $1")
+        let tenant = query("SELECT tenant FROM api_tokens WHERE id = $1")
             .bind(id)
-            .fetch_optional(self.reader())
-            .await
-            .map_err(read_error)?;
-        let Some(row) = row else {
+            .optional(self.reader(), |row| row.text_opt("tenant"))
+            .await?;
+        let Some(tenant) = tenant else {
             return Err(LedgerError::NotFound(format!("token {id}")));
         };
-        let tenant = row.text_opt("tenant")?.map(tenant_column).transpose()?;
+        let tenant = tenant.map(tenant_column).transpose()?;
         let event = AdminEvent::token_revoked(id, tenant.as_ref(), actor);
         self.submit(OpKind::RevokeToken {
             id: id.to_owned(),
@@ -244,17 +229,15 @@ impl<B: Backend> Store for B {
         agent: Option<&AgentId>,
     ) -> Result<Vec<Permission>, LedgerError> {
         // With no agent, `agent = NULL` matches nothing and only tenant-wide grants remain.
-        let rows = query(
+        query(
             "SELECT tenant, agent, tool, enabled, updated_at FROM tool_permissions \
              WHERE tenant = $1 AND (agent IS NULL OR agent = $2) \
              ORDER BY tool, agent IS NOT NULL, agent",
         )
         .bind(tenant.as_str())
         .bind(agent.map(AgentId::as_str))
-        .fetch_all(self.reader())
+        .all(self.reader(), permission_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(permission_from_row).collect()
     }
 
     async fn set_flag(
@@ -276,13 +259,11 @@ impl<B: Backend> Store for B {
     }
 
     async fn get_flag(&self, tenant: &TenantId, flag: &str) -> Result<Option<bool>, LedgerError> {
-        let row = query("SELECT enabled FROM feature_flags WHERE tenant = $1 AND flag = $2")
+        query("SELECT enabled FROM feature_flags WHERE tenant = $1 AND flag = $2")
             .bind(tenant.as_str())
             .bind(flag)
-            .fetch_optional(self.reader())
+            .optional(self.reader(), |row| row.flag("enabled"))
             .await
-            .map_err(read_error)?;
-        row.map(|row| row.flag("enabled")).transpose()
     }
 
     async fn put_policy_set(
@@ -306,15 +287,13 @@ impl<B: Backend> Store for B {
         &self,
         tenant: &TenantId,
     ) -> Result<Option<PolicySetRecord>, LedgerError> {
-        let row = query(
+        query(
             "SELECT tenant, version, text, created_by, created_at FROM policy_sets \
              WHERE tenant = $1 ORDER BY version DESC LIMIT 1",
         )
         .bind(tenant.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), policy_set_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(policy_set_from_row).transpose()
     }
 
     async fn create_run(&self, run: RunRecord) -> Result<(), LedgerError> {
@@ -329,16 +308,14 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         id: &RunId,
     ) -> Result<Option<RunRecord>, LedgerError> {
-        let row = query(
+        query(
             "SELECT id, tenant, agent, manifest, status, calls_used, max_calls, \
              pending_approvals, created_at FROM runs WHERE tenant = $1 AND id = $2",
         )
         .bind(tenant.as_str())
         .bind(id.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), run_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(run_from_row).transpose()
     }
 
     async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError> {
@@ -378,16 +355,14 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         id: &ToolCallId,
     ) -> Result<Option<SealedAnswer>, LedgerError> {
-        let row = query(
+        query(
             "SELECT answer_sealed, answer_expires_at FROM tool_calls \
              WHERE tenant = $1 AND id = $2 AND answer_sealed IS NOT NULL",
         )
         .bind(tenant.as_str())
         .bind(id.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), answer_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(answer_from_row).transpose()
     }
 
     async fn purge_answers(&self, now: Timestamp, limit: u32) -> Result<u64, LedgerError> {
@@ -401,17 +376,15 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         id: &ToolCallId,
     ) -> Result<Option<ToolCallRecord>, LedgerError> {
-        let row = query(concat!(
+        query(concat!(
             "SELECT ",
             call_columns!(),
             " FROM tool_calls WHERE tenant = $1 AND id = $2"
         ))
         .bind(tenant.as_str())
         .bind(id.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), call_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(call_from_row).transpose()
     }
 
     async fn find_tool_call_by_use_id(
@@ -420,7 +393,7 @@ impl<B: Backend> Store for B {
         run: &RunId,
         tool_use_id: &ToolUseId,
     ) -> Result<Option<ToolCallRecord>, LedgerError> {
-        let row = query(concat!(
+        query(concat!(
             "SELECT ",
             call_columns!(),
             " FROM tool_calls WHERE tenant = $1 AND run = $2 AND tool_use_id = $3"
@@ -428,10 +401,8 @@ impl<B: Backend> Store for B {
         .bind(tenant.as_str())
         .bind(run.as_str())
         .bind(tool_use_id.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), call_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(call_from_row).transpose()
     }
 
     /// Pages follow insertion order. An `after` that names no call of this run yields an empty
@@ -443,7 +414,7 @@ impl<B: Backend> Store for B {
         after: Option<&ToolCallId>,
         limit: u32,
     ) -> Result<Vec<ToolCallRecord>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             call_columns!(),
             " FROM tool_calls WHERE tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
@@ -454,10 +425,8 @@ impl<B: Backend> Store for B {
         .bind(run.as_str())
         .bind(after.map(ToolCallId::as_str))
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), call_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(call_from_row).collect()
     }
 
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {
@@ -470,7 +439,7 @@ impl<B: Backend> Store for B {
         filter: &PendingFilter,
         limit: u32,
     ) -> Result<Vec<PendingInvocation>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             pending_columns!(),
             " FROM pending_invocations WHERE tenant = $1 AND state = 'pending' \
@@ -483,10 +452,8 @@ impl<B: Backend> Store for B {
         .bind(filter.tool.as_ref().map(ToolName::as_str))
         .bind(filter.origin.map(|origin| origin.as_str()))
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), pending_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(pending_from_row).collect()
     }
 
     async fn pending_for_call(
@@ -494,7 +461,7 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         call: &ToolCallId,
     ) -> Result<Option<PendingInvocation>, LedgerError> {
-        let row = query(concat!(
+        query(concat!(
             "SELECT ",
             pending_columns!(),
             " FROM pending_invocations WHERE tenant = $1 AND tool_call_id = $2 \
@@ -502,10 +469,8 @@ impl<B: Backend> Store for B {
         ))
         .bind(tenant.as_str())
         .bind(call.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), pending_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(pending_from_row).transpose()
     }
 
     async fn get_pending(
@@ -513,17 +478,15 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         id: &str,
     ) -> Result<Option<PendingInvocation>, LedgerError> {
-        let row = query(concat!(
+        query(concat!(
             "SELECT ",
             pending_columns!(),
             " FROM pending_invocations WHERE tenant = $1 AND id = $2"
         ))
         .bind(tenant.as_str())
         .bind(id)
-        .fetch_optional(self.reader())
+        .optional(self.reader(), pending_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(pending_from_row).transpose()
     }
 
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
@@ -542,7 +505,7 @@ impl<B: Backend> Store for B {
         now: Timestamp,
         limit: u32,
     ) -> Result<Vec<PendingInvocation>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             pending_columns!(),
             " FROM pending_invocations WHERE state = 'pending' AND expires_at <= $1 \
@@ -550,10 +513,8 @@ impl<B: Backend> Store for B {
         ))
         .bind(now.0)
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), pending_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(pending_from_row).collect()
     }
 
     async fn add_pending(
@@ -586,33 +547,29 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         name: &SecretName,
     ) -> Result<Option<CredentialRecord>, LedgerError> {
-        let row = query(concat!(
+        query(concat!(
             "SELECT ",
             credential_columns!(),
             " FROM tenant_tool_secrets WHERE tenant = $1 AND name = $2"
         ))
         .bind(tenant.as_str())
         .bind(name.as_str())
-        .fetch_optional(self.reader())
+        .optional(self.reader(), credential_from_row)
         .await
-        .map_err(read_error)?;
-        row.as_ref().map(credential_from_row).transpose()
     }
 
     async fn list_credentials(
         &self,
         tenant: &TenantId,
     ) -> Result<Vec<CredentialRecord>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             credential_columns!(),
             " FROM tenant_tool_secrets WHERE tenant = $1 ORDER BY name"
         ))
         .bind(tenant.as_str())
-        .fetch_all(self.reader())
+        .all(self.reader(), credential_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(credential_from_row).collect()
     }
 
     async fn delete_credential(
@@ -635,7 +592,7 @@ impl<B: Backend> Store for B {
         key_id: &str,
         limit: u32,
     ) -> Result<Vec<CredentialRecord>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             credential_columns!(),
             " FROM tenant_tool_secrets WHERE key_id IS NOT NULL AND key_id <> $1 \
@@ -643,28 +600,22 @@ impl<B: Backend> Store for B {
         ))
         .bind(key_id)
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), credential_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(credential_from_row).collect()
     }
 
     async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
-        let rows = query(
+        query(
             "SELECT key_id, COUNT(*) AS used FROM (SELECT key_id FROM tenant_tool_secrets \
              WHERE key_id IS NOT NULL UNION ALL SELECT arguments_key_id FROM pending_invocations \
              WHERE state = 'pending' AND arguments_key_id IS NOT NULL) AS used \
              GROUP BY key_id ORDER BY key_id",
         )
-        .fetch_all(self.reader())
-        .await
-        .map_err(read_error)?;
-        let mut usage = Vec::with_capacity(rows.len());
-        for row in &rows {
+        .all(self.reader(), |row| {
             let count = u64::try_from(row.int("used")?).unwrap_or(0);
-            usage.push((row.text("key_id")?, count));
-        }
-        Ok(usage)
+            Ok((row.text("key_id")?, count))
+        })
+        .await
     }
 
     async fn list_pending_sealed_not_under(
@@ -672,7 +623,7 @@ impl<B: Backend> Store for B {
         key_id: &str,
         limit: u32,
     ) -> Result<Vec<PendingInvocation>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             pending_columns!(),
             " FROM pending_invocations WHERE state = 'pending' \
@@ -682,10 +633,8 @@ impl<B: Backend> Store for B {
         ))
         .bind(key_id)
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), pending_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(pending_from_row).collect()
     }
 
     async fn replace_pending_arguments(
@@ -748,7 +697,7 @@ impl<B: Backend> Store for B {
         after: i64,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             event_columns!(),
             " FROM audit_events WHERE tenant = $1 AND chain_seq > $2 ORDER BY chain_seq LIMIT $3"
@@ -756,10 +705,8 @@ impl<B: Backend> Store for B {
         .bind(tenant.as_str())
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), event_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(event_from_row).collect()
     }
 
     async fn list_run_events(
@@ -769,7 +716,7 @@ impl<B: Backend> Store for B {
         after: i64,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             event_columns!(),
             " FROM audit_events WHERE tenant = $1 AND run = $2 AND chain_seq > $3 \
@@ -779,10 +726,8 @@ impl<B: Backend> Store for B {
         .bind(run.as_str())
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(self.reader())
+        .all(self.reader(), event_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(event_from_row).collect()
     }
 
     async fn verify_against(
@@ -802,18 +747,13 @@ impl<B: Backend> Store for B {
     }
 
     async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
-        let rows =
-            query("SELECT DISTINCT tool FROM tool_permissions WHERE tenant = $1 ORDER BY tool")
-                .bind(tenant.as_str())
-                .fetch_all(self.reader())
-                .await
-                .map_err(read_error)?;
-        rows.iter()
-            .map(|row| {
+        query("SELECT DISTINCT tool FROM tool_permissions WHERE tenant = $1 ORDER BY tool")
+            .bind(tenant.as_str())
+            .all(self.reader(), |row| {
                 ToolName::new(row.text("tool")?)
                     .map_err(|error| LedgerError::Corrupt(format!("column tool: {error}")))
             })
-            .collect()
+            .await
     }
 
     fn subscribe_commits(&self) -> Option<watch::Receiver<u64>> {

@@ -11,7 +11,8 @@ use std::future::Future;
 
 use sqlx::{SqlSafeStr, SqlStr};
 
-use crate::rows::SqlRow;
+use crate::error::LedgerError;
+use crate::rows::{SqlRow, read_error};
 
 /// Which SQL dialect a [`Db`] speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +114,26 @@ impl<'a> Query<'a> {
         db.fetch_optional(self)
             .await?
             .ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Every row, decoded: a failed read, or a row this version cannot read, is the error.
+    pub(crate) async fn all<D: Db, T>(
+        self,
+        db: D,
+        decode: impl Fn(&D::Row) -> Result<T, LedgerError> + Send,
+    ) -> Result<Vec<T>, LedgerError> {
+        let rows = self.fetch_all(db).await.map_err(read_error)?;
+        rows.iter().map(decode).collect()
+    }
+
+    /// The row, if any, decoded, as [`Query::all`].
+    pub(crate) async fn optional<D: Db, T>(
+        self,
+        db: D,
+        decode: impl Fn(&D::Row) -> Result<T, LedgerError> + Send,
+    ) -> Result<Option<T>, LedgerError> {
+        let row = self.fetch_optional(db).await.map_err(read_error)?;
+        row.as_ref().map(decode).transpose()
     }
 
     /// The sqlx query of one backend.

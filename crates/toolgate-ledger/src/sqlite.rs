@@ -296,7 +296,7 @@ impl Backend for SqliteStore {
     }
 
     async fn interrupted_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {
-        let rows = query(concat!(
+        query(concat!(
             "SELECT ",
             call_columns!(),
             " FROM tool_calls WHERE status = 'running' \
@@ -304,10 +304,8 @@ impl Backend for SqliteStore {
         ))
         .bind(&self.interrupted)
         .bind(i64::from(limit))
-        .fetch_all(&self.read)
+        .all(&self.read, call_from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(call_from_row).collect()
     }
 
     async fn verify(&self, with: VerifyWith<'_>) -> Result<VerifyReport, LedgerError> {

@@ -90,14 +90,12 @@ pub(crate) trait ChainReader {
 /// Every backend's connection reads the chains with the same SQL; only the snapshot differs.
 impl<C: Conn> ChainReader for C {
     async fn tenants(&mut self) -> Result<Vec<String>, LedgerError> {
-        let rows = query(
+        query(
             "SELECT tenant FROM audit_heads WHERE chain_seq > 0 \
              UNION SELECT tenant FROM audit_events ORDER BY 1",
         )
-        .fetch_all(self.db())
+        .all(self.db(), |row| row.text("tenant"))
         .await
-        .map_err(read_error)?;
-        rows.iter().map(|row| row.text("tenant")).collect()
     }
 
     async fn begin_snapshot(&mut self) -> Result<(), LedgerError> {
@@ -135,7 +133,7 @@ impl<C: Conn> ChainReader for C {
         after: i64,
         limit: i64,
     ) -> Result<Vec<StoredEvent>, LedgerError> {
-        let rows = query(
+        query(
             "SELECT seq, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, \
              key_id, binding FROM audit_events WHERE tenant = $1 AND chain_seq > $2 \
              ORDER BY chain_seq LIMIT $3",
@@ -143,10 +141,8 @@ impl<C: Conn> ChainReader for C {
         .bind(tenant)
         .bind(after)
         .bind(limit)
-        .fetch_all(self.db())
+        .all(self.db(), StoredEvent::from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(StoredEvent::from_row).collect()
     }
 
     async fn links(&mut self, tenant: &str) -> Result<Vec<(String, String)>, LedgerError> {
@@ -169,11 +165,9 @@ impl<C: Conn> ChainReader for C {
     }
 
     async fn legacy_record(&mut self) -> Result<Option<String>, LedgerError> {
-        let row = query(crate::chain::FIND_LEGACY_RECORD)
-            .fetch_optional(self.db())
+        query(crate::chain::FIND_LEGACY_RECORD)
+            .optional(self.db(), |row| row.text("payload"))
             .await
-            .map_err(read_error)?;
-        row.map(|row| row.text("payload")).transpose()
     }
 
     async fn calls(
@@ -182,7 +176,7 @@ impl<C: Conn> ChainReader for C {
         after: i64,
         limit: i64,
     ) -> Result<Vec<StoredCall>, LedgerError> {
-        let rows = query(
+        query(
             "SELECT seq, id, status, error_code, error_text, input_redacted, \
              output_redacted, tool, run, args_hash, policy_decision_id, risk_level, \
              attempts FROM tool_calls WHERE tenant = $1 AND seq > $2 \
@@ -191,10 +185,8 @@ impl<C: Conn> ChainReader for C {
         .bind(tenant)
         .bind(after)
         .bind(limit)
-        .fetch_all(self.db())
+        .all(self.db(), StoredCall::from_row)
         .await
-        .map_err(read_error)?;
-        rows.iter().map(StoredCall::from_row).collect()
     }
 
     async fn decisions_and_pending(
