@@ -6,7 +6,7 @@
 //!   queued is committed in one transaction. A batch of calls, finishes and appends is one
 //!   statement (data-modifying CTEs over arrays) committing by itself: one round trip however
 //!   many operations it holds. Anything else, or a batch that statement refuses, runs operation
-//!   by operation, each in its own savepoint (see `steps`).
+//!   by operation, each in its own savepoint (see `crate::steps`).
 //! - **Audit chains across replicas**: one hash chain per tenant, as on SQLite. The one-statement
 //!   batch chains from the heads its writer last saw and moves each head only if it has not
 //!   moved since (checked in the statement, which otherwise aborts); the slow path locks the

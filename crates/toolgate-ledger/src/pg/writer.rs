@@ -13,7 +13,7 @@
 //! 1. `BEGIN`, then lock and read the heads of every tenant the batch appends to, in tenant
 //!    order (`SELECT ... ORDER BY tenant FOR UPDATE`), so batches of different replicas never
 //!    wait on each other in a cycle;
-//! 2. each operation in its own savepoint, statement by statement (see `steps`), so a refused
+//! 2. each operation in its own savepoint, statement by statement (see `crate::steps`), so a refused
 //!    operation rolls back alone and gets a precise answer;
 //! 3. the heads that moved are written, with a notification, and the batch commits.
 //!

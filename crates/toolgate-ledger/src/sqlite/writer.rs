@@ -13,8 +13,8 @@
 //! 2. *One round trip per operation*: `SAVEPOINT op; <its inserts and updates>; RELEASE op` as
 //!    one multi-statement query. Used for a lone hot operation, and for each hot operation of a
 //!    batch whose bulk write was refused.
-//! 3. *Step by step* (see `steps`): one statement at a time, looking at each result. Used when
-//!    the one-round-trip form was refused too.
+//! 3. *Step by step* (see `crate::steps`, shared with PostgreSQL): one statement at a time,
+//!    looking at each result. Used when the one-round-trip form was refused too.
 //!
 //! Tiers 1 and 2 assume the common case: a new call within budget, a call that is still
 //! running. If any statement refuses (a repeated `tool_use_id`, a used-up budget caught by the
