@@ -106,9 +106,18 @@ const RELEASE_PENDING: &str = "UPDATE runs SET \
      status = CASE WHEN pending_approvals - $1 <= 0 AND status = 'waiting_approval' \
      THEN 'active' ELSE status END WHERE tenant = $2 AND id = $3";
 
+/// How a refused write fails its operation: `exists` and `missing` say what a unique or a
+/// foreign key violation means for the statement.
+fn refused(
+    exists: impl FnOnce() -> String,
+    missing: impl FnOnce() -> LedgerError,
+) -> impl FnOnce(sqlx::Error) -> Fail {
+    move |error| write_failure(&error, exists, missing)
+}
+
 /// A statement that should not be refused was: its reason is the answer.
-fn unexpected(error: &sqlx::Error, what: impl FnOnce() -> String) -> Fail {
-    write_failure(error, what, || {
+fn unexpected(what: impl FnOnce() -> String) -> impl FnOnce(sqlx::Error) -> Fail {
+    refused(what, || {
         LedgerError::Database("unexpected foreign key failure".into())
     })
 }
@@ -137,7 +146,7 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(tenant.as_ref().map(|tenant| tenant.as_str()))
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| unexpected(&error, || format!("token {id}")))?;
+                .map_err(unexpected(|| format!("token {id}")))?;
                 if changed == 0 {
                     return Err(Fail::Op(LedgerError::NotFound(format!("token {id}"))));
                 }
@@ -171,13 +180,10 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(at.0)
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| {
-                    write_failure(
-                        &error,
-                        || format!("flag {flag} of tenant {tenant}"),
-                        || LedgerError::NotFound(format!("tenant {tenant}")),
-                    )
-                })?;
+                .map_err(refused(
+                    || format!("flag {flag} of tenant {tenant}"),
+                    || LedgerError::NotFound(format!("tenant {tenant}")),
+                ))?;
                 self.append(&event.prepared()).await?;
                 Ok(Reply::Done)
             }
@@ -212,13 +218,10 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(at.0)
                 .fetch_one(self.conn.db())
                 .await
-                .map_err(|error| {
-                    write_failure(
-                        &error,
-                        || format!("a policy set version of tenant {tenant}"),
-                        || LedgerError::NotFound(format!("tenant {tenant}")),
-                    )
-                })?;
+                .map_err(refused(
+                    || format!("a policy set version of tenant {tenant}"),
+                    || LedgerError::NotFound(format!("tenant {tenant}")),
+                ))?;
                 let version = row.int("version").map_err(Fail::Op)?;
                 self.append(&event.prepared_with("version", version.into()))
                     .await?;
@@ -247,7 +250,7 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(i64::from(*limit))
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| unexpected(&error, || "sealed answers".to_owned()))?;
+                .map_err(unexpected(|| "sealed answers".to_owned()))?;
                 Ok(Reply::Count(purged))
             }
             OpKind::AppendEvents(events) => {
@@ -283,9 +286,7 @@ impl<C: Conn> Steps<'_, C> {
                         .bind(name.as_str())
                         .execute(self.conn.db())
                         .await
-                        .map_err(|error| {
-                            unexpected(&error, || format!("secret {name} of tenant {tenant}"))
-                        })?;
+                        .map_err(unexpected(|| format!("secret {name} of tenant {tenant}")))?;
                 if changed == 0 {
                     return Err(Fail::Op(LedgerError::NotFound(format!(
                         "secret {name} of tenant {tenant}"
@@ -315,9 +316,7 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(expected)
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| {
-                    unexpected(&error, || format!("secret {name} of tenant {tenant}"))
-                })?;
+                .map_err(unexpected(|| format!("secret {name} of tenant {tenant}")))?;
                 if changed == 1 {
                     self.append(&event.prepared()).await?;
                 }
@@ -343,7 +342,7 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(expected)
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| unexpected(&error, || format!("pending invocation {id}")))?;
+                .map_err(unexpected(|| format!("pending invocation {id}")))?;
                 Ok(Reply::Finished(changed == 1))
             }
         }
@@ -360,7 +359,7 @@ impl<C: Conn> Steps<'_, C> {
             .bind(tenant.created_at.0)
             .execute(self.conn.db())
             .await
-            .map_err(|error| unexpected(&error, || format!("tenant {}", tenant.id)))?;
+            .map_err(unexpected(|| format!("tenant {}", tenant.id)))?;
         let chain = tenant.id.as_str();
         // A PostgreSQL batch locks the head rows of the chains it appends to, so a chain's
         // head row exists from its tenant's creation on (this transaction holds it). SQLite's
@@ -371,7 +370,7 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(GENESIS_HASH)
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| unexpected(&error, || format!("audit chain {chain}")))?;
+                .map_err(unexpected(|| format!("audit chain {chain}")))?;
         }
         // The new chain starts here, and later operations of the batch may append to it.
         self.heads.insert(
@@ -414,7 +413,9 @@ impl<C: Conn> Steps<'_, C> {
         .bind(resolution.observed_version)
         .fetch_optional(self.conn.db())
         .await
-        .map_err(|error| unexpected(&error, || format!("pending invocation {}", resolution.id)))?;
+        .map_err(unexpected(|| {
+            format!("pending invocation {}", resolution.id)
+        }))?;
         let Some(row) = claimed else {
             return Ok(false);
         };
@@ -444,14 +445,14 @@ impl<C: Conn> Steps<'_, C> {
         )
         .execute(self.conn.db())
         .await
-        .map_err(|error| unexpected(&error, || "tool call".into()))?;
+        .map_err(unexpected(|| "tool call".into()))?;
         query(RELEASE_PENDING)
             .bind(1_i64)
             .bind(resolution.tenant.as_str())
             .bind(run.as_str())
             .execute(self.conn.db())
             .await
-            .map_err(|error| unexpected(&error, || "run".into()))?;
+            .map_err(unexpected(|| "run".into()))?;
         for event in events {
             self.append(event).await?;
         }
@@ -481,18 +482,15 @@ impl<C: Conn> Steps<'_, C> {
             .bind(pending.timeout_ms)
             .execute(self.conn.db())
             .await
-            .map_err(|error| {
-                write_failure(
-                    &error,
-                    || format!("pending invocation {}", record.id),
-                    || {
-                        LedgerError::NotFound(format!(
-                            "run {} or tool call {}",
-                            record.run, record.tool_call_id
-                        ))
-                    },
-                )
-            })?;
+            .map_err(refused(
+                || format!("pending invocation {}", record.id),
+                || {
+                    LedgerError::NotFound(format!(
+                        "run {} or tool call {}",
+                        record.run, record.tool_call_id
+                    ))
+                },
+            ))?;
         Ok(())
     }
 
@@ -510,7 +508,7 @@ impl<C: Conn> Steps<'_, C> {
         .bind(pending.record.run.as_str())
         .execute(self.conn.db())
         .await
-        .map_err(|error| unexpected(&error, || "run".into()))?;
+        .map_err(unexpected(|| "run".into()))?;
         for event in events {
             self.append(event).await?;
         }
@@ -537,13 +535,7 @@ impl<C: Conn> Steps<'_, C> {
         .bind(credential.updated_at.0)
         .execute(self.conn.db())
         .await
-        .map_err(|error| {
-            write_failure(
-                &error,
-                || format!("secret {} of tenant {}", credential.name, credential.tenant),
-                || LedgerError::NotFound(format!("tenant {}", credential.tenant)),
-            )
-        })?;
+        .map_err(refused(|| format!("secret {} of tenant {}", credential.name, credential.tenant), || LedgerError::NotFound(format!("tenant {}", credential.tenant))))?;
         Ok(Reply::Done)
     }
 
@@ -581,7 +573,9 @@ impl<C: Conn> Steps<'_, C> {
                 Ok(missing) => Fail::Op(missing),
                 Err(fail) => fail,
             },
-            _ => unexpected(error, exists),
+            _ => write_failure(error, exists, || {
+                LedgerError::Database("unexpected foreign key failure".into())
+            }),
         }
     }
 
@@ -593,13 +587,10 @@ impl<C: Conn> Steps<'_, C> {
             .bind(agent.created_at.0)
             .execute(self.conn.db())
             .await
-            .map_err(|error| {
-                write_failure(
-                    &error,
-                    || format!("agent {}/{}", agent.tenant, agent.id),
-                    || LedgerError::NotFound(format!("tenant {}", agent.tenant)),
-                )
-            })?;
+            .map_err(refused(
+                || format!("agent {}/{}", agent.tenant, agent.id),
+                || LedgerError::NotFound(format!("tenant {}", agent.tenant)),
+            ))?;
         Ok(Reply::Done)
     }
 
@@ -802,13 +793,10 @@ impl<C: Conn> Steps<'_, C> {
         let changed = bind_owner(update, self.owner)
             .execute(self.conn.db())
             .await
-            .map_err(|error| {
-                write_failure(
-                    &error,
-                    || format!("tool call {}", call.id),
-                    || LedgerError::NotFound(format!("tool call {}", call.id)),
-                )
-            })?;
+            .map_err(refused(
+                || format!("tool call {}", call.id),
+                || LedgerError::NotFound(format!("tool call {}", call.id)),
+            ))?;
         if changed == 0 {
             // Another evaluation (or an execution) got there first: answer with the call as
             // it now stands.
@@ -846,13 +834,10 @@ impl<C: Conn> Steps<'_, C> {
         .bind(call.id.as_str())
         .execute(self.conn.db())
         .await
-        .map_err(|error| {
-            write_failure(
-                &error,
-                || format!("pending invocations of tool call {}", call.id),
-                || LedgerError::NotFound(format!("tool call {}", call.id)),
-            )
-        })?;
+        .map_err(refused(
+            || format!("pending invocations of tool call {}", call.id),
+            || LedgerError::NotFound(format!("tool call {}", call.id)),
+        ))?;
         if closed > 0 {
             query(RELEASE_PENDING)
                 .bind(i64::try_from(closed).unwrap_or(i64::MAX))
@@ -860,13 +845,10 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(call.run.as_str())
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| {
-                    write_failure(
-                        &error,
-                        || format!("run {}", call.run),
-                        || LedgerError::NotFound(format!("run {}", call.run)),
-                    )
-                })?;
+                .map_err(refused(
+                    || format!("run {}", call.run),
+                    || LedgerError::NotFound(format!("run {}", call.run)),
+                ))?;
         }
         self.record_call_rest(prepared).await
     }
@@ -888,13 +870,10 @@ impl<C: Conn> Steps<'_, C> {
             .bind(call.run.as_str())
             .execute(self.conn.db())
             .await
-            .map_err(|error| {
-                write_failure(
-                    &error,
-                    || format!("run {}", call.run),
-                    || LedgerError::NotFound(format!("run {}", call.run)),
-                )
-            })?;
+            .map_err(refused(
+                || format!("run {}", call.run),
+                || LedgerError::NotFound(format!("run {}", call.run)),
+            ))?;
             if changed == 0 {
                 // The call row's foreign key proved the run exists: its budget is used up.
                 return self.block_for_budget(prepared).await;
@@ -914,13 +893,10 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(decision.created_at.0)
                 .execute(self.conn.db())
                 .await
-                .map_err(|error| {
-                    write_failure(
-                        &error,
-                        || format!("policy decision {}", decision.id),
-                        || LedgerError::NotFound(format!("tool call {}", decision.tool_call_id)),
-                    )
-                })?;
+                .map_err(refused(
+                    || format!("policy decision {}", decision.id),
+                    || LedgerError::NotFound(format!("tool call {}", decision.tool_call_id)),
+                ))?;
         }
 
         if let Some(pending) = &prepared.pending {
@@ -967,13 +943,10 @@ impl<C: Conn> Steps<'_, C> {
         .bind(blocked.id.as_str())
         .execute(self.conn.db())
         .await
-        .map_err(|error| {
-            write_failure(
-                &error,
-                || format!("tool call {}", call.id),
-                || LedgerError::NotFound(format!("tool call {}", call.id)),
-            )
-        })?;
+        .map_err(refused(
+            || format!("tool call {}", call.id),
+            || LedgerError::NotFound(format!("tool call {}", call.id)),
+        ))?;
 
         // The prepared binding names a decision and a pending invocation that are not
         // written: the requested events go in without it, and the blocked event binds the
@@ -1028,13 +1001,10 @@ impl<C: Conn> Steps<'_, C> {
         .bind(finish.tenant.as_str())
         .execute(self.conn.db())
         .await
-        .map_err(|error| {
-            write_failure(
-                &error,
-                || format!("tool call {}", finish.id),
-                || LedgerError::NotFound(format!("tool call {}", finish.id)),
-            )
-        })?;
+        .map_err(refused(
+            || format!("tool call {}", finish.id),
+            || LedgerError::NotFound(format!("tool call {}", finish.id)),
+        ))?;
         if changed == 0 {
             return Ok(false);
         }
