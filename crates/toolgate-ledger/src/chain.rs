@@ -122,8 +122,7 @@ pub(crate) fn new_link(
 }
 
 /// Whether any event is keyed (1) or none (0).
-pub(crate) const ANY_KEYED: &str =
-    "SELECT count(*) FROM (SELECT 1 FROM audit_events WHERE key_id IS NOT NULL LIMIT 1) AS k";
+pub(crate) const ANY_KEYED: &str = "SELECT count(*) AS count FROM (SELECT 1 FROM audit_events WHERE key_id IS NOT NULL LIMIT 1) AS k";
 
 /// Every chain's head, for [`legacy_record`].
 pub(crate) const ALL_HEADS: &str =

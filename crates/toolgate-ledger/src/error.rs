@@ -72,4 +72,21 @@ impl LedgerError {
             | LedgerError::ReadOnly => LedgerErrorKind::Internal,
         }
     }
+
+    /// A copy, for answering every caller of a batch that failed as a whole. Not `Clone`: the
+    /// type is public and non-exhaustive, and copies are the writers' business.
+    pub(crate) fn copied(&self) -> LedgerError {
+        match self {
+            LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
+            LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
+            LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
+            LedgerError::Constraint(what) => LedgerError::Constraint(what.clone()),
+            LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
+            LedgerError::Database(what) => LedgerError::Database(what.clone()),
+            LedgerError::Closed => LedgerError::Closed,
+            LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
+            LedgerError::NotLive(what) => LedgerError::NotLive(what.clone()),
+            LedgerError::ReadOnly => LedgerError::ReadOnly,
+        }
+    }
 }

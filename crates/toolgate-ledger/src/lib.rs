@@ -1,22 +1,33 @@
 //! The durable ledger: tenants, tokens, configuration, runs, tool calls, policy decisions,
 //! pending invocations and the hash-chained audit trail, behind the [`Store`] interface.
 //!
-//! SQLite ([`SqliteStore`]) is the embedded default; PostgreSQL ([`PgStore`]) serves several
-//! gateway replicas sharing one database. On both, all writes of a process go through one
-//! writer task that commits whatever has queued up in a single transaction (group commit), so
-//! concurrent callers share an fsync without any write being acknowledged before it is durable.
+//! SQLite ([`SqliteStore`], feature `sqlite`) is the embedded default; PostgreSQL
+//! ([`PgStore`], feature `postgres`) serves several gateway replicas sharing one database. Both
+//! features are on by default. On both, all writes of a process go through one writer task that
+//! commits whatever has queued up in a single transaction (group commit), so concurrent callers
+//! share an fsync without any write being acknowledged before it is durable.
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("toolgate-ledger needs a backend: enable the `sqlite` or `postgres` feature");
+
+mod backend;
 mod binding;
 mod chain;
 mod checkpoint;
 mod error;
 mod model;
 mod ops;
+#[cfg(feature = "postgres")]
 mod pg;
 mod rows;
+mod sql;
+#[cfg(feature = "sqlite")]
 mod sqlite;
+mod steps;
 mod store;
-#[cfg(test)]
+#[cfg(all(feature = "postgres", any(test, feature = "testkit")))]
+pub mod testkit;
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod tests;
 mod verify;
 
@@ -24,6 +35,9 @@ pub use chain::{GENESIS_HASH, event_hash};
 pub use checkpoint::{CHECKPOINT_FORMAT, Checkpoint, CheckpointAuth};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;
+pub use ops::WriterStats;
+#[cfg(feature = "postgres")]
 pub use pg::{PgOptions, PgStore};
-pub use sqlite::{SqliteStore, WriterStats};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
 pub use store::Store;

@@ -1,6 +1,8 @@
 //! Write operations as the writer task receives them. Callers encode JSON and copy what the
 //! writer needs before queueing, so the writer spends its time on SQL, not on serialization.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use toolgate_core::{SecretName, TenantId, Timestamp};
@@ -109,7 +111,8 @@ pub(crate) enum OpKind {
 }
 
 impl OpKind {
-    /// The audit event of an administrative operation.
+    /// The audit event of an administrative operation (PostgreSQL locks its chain's head).
+    #[cfg(feature = "postgres")]
     pub(crate) fn admin_event(&self) -> Option<&AdminEvent> {
         match self {
             OpKind::CreateTenant(_, event)
@@ -172,6 +175,7 @@ impl AdminEvent {
     }
 
     /// The chain id: the tenant's, or the system chain's for changes without a tenant.
+    #[cfg(feature = "postgres")]
     pub(crate) fn chain(&self) -> &str {
         &self.0.chain
     }
@@ -562,6 +566,42 @@ impl PreparedFinish {
             answer_expires_at: finish.answer.as_ref().map(|answer| answer.expires_at.0),
             finish,
             events,
+        }
+    }
+}
+
+/// What the writer has done since the store was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions committed (each one fsync).
+    pub commits: u64,
+    /// Write operations answered, successful or not.
+    pub ops: u64,
+    /// Batches whose hot operations (calls, finishes, event appends) could not all be written
+    /// together (a repeated `tool_use_id`, a used-up budget, a missing run, ...) and were
+    /// written one by one instead.
+    pub bulk_fallbacks: u64,
+    /// Hot operations that could not be written in one round trip either and were redone
+    /// statement by statement.
+    pub step_by_step: u64,
+}
+
+/// What the writer task counts, for [`WriterStats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) commits: AtomicU64,
+    pub(crate) ops: AtomicU64,
+    pub(crate) bulk_fallbacks: AtomicU64,
+    pub(crate) step_by_step: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn stats(&self) -> WriterStats {
+        WriterStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            ops: self.ops.load(Ordering::Relaxed),
+            bulk_fallbacks: self.bulk_fallbacks.load(Ordering::Relaxed),
+            step_by_step: self.step_by_step.load(Ordering::Relaxed),
         }
     }
 }

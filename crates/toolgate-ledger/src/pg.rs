@@ -6,7 +6,7 @@
 //!   queued is committed in one transaction. A batch of calls, finishes and appends is one
 //!   statement (data-modifying CTEs over arrays) committing by itself: one round trip however
 //!   many operations it holds. Anything else, or a batch that statement refuses, runs operation
-//!   by operation, each in its own savepoint (see `steps`).
+//!   by operation, each in its own savepoint (see `crate::steps`).
 //! - **Audit chains across replicas**: one hash chain per tenant, as on SQLite. The one-statement
 //!   batch chains from the heads its writer last saw and moves each head only if it has not
 //!   moved since (checked in the statement, which otherwise aborts); the slow path locks the
@@ -29,7 +29,6 @@
 //!   [`Store::subscribe_commits`], so watchers on every replica re-read the ledger at once.
 
 mod liveness;
-mod steps;
 mod writer;
 
 #[cfg(test)]
@@ -39,38 +38,21 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::checkpoint::Checkpoint;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{mpsc, oneshot, watch};
 use toolgate_core::AuditKeys;
-use toolgate_core::{
-    AgentId, RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolCallStatus, ToolName,
-    ToolUseId,
-};
 use tracing::warn;
 
+use crate::backend::{Backend, record_legacy_heads};
 use crate::error::LedgerError;
-use crate::model::{
-    Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
-    PendingFilter, PendingInvocation, Permission, PolicySetRecord, RecordOutcome, ResolvePending,
-    RunRecord, SYSTEM_CHAIN, SealedAnswer, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
-};
-use crate::ops::{
-    AdminEvent, Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending,
-    Reply, WriteOp,
-};
-use crate::rows::{
-    agent_from_row, answer_from_row, call_columns, call_from_row, credential_columns,
-    credential_from_row, event_columns, event_from_row, manifest_json, pending_columns,
-    pending_from_row, permission_from_row, policy_set_from_row, read_error, run_from_row,
-    tenant_from_row, token_from_row,
-};
-use crate::sqlite::WriterStats;
-use crate::store::Store;
+use crate::model::{ToolCallRecord, VerifyReport};
+use crate::ops::{Command, Counters, OpKind, Reply, WriteOp, WriterStats};
+use crate::rows::{call_columns, call_from_row, read_error};
+use crate::verify::VerifyWith;
 use liveness::Liveness;
-use writer::{Counters, Writer};
+use writer::Writer;
 
 /// The schema, embedded at compile time.
 static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -151,30 +133,8 @@ impl PgStore {
         keys: Arc<dyn AuditKeys>,
     ) -> Result<PgStore, LedgerError> {
         let store = PgStore::connect_with(options, Some(keys)).await?;
-        // On a ledger written without keys (before the keyed chain), the first keyed event
-        // records where every chain's legacy events end. Only the open that migrates the
-        // ledger to the keyed chain writes it: later, a ledger holding legacy events only was
-        // rewritten, and must not be vouched for. Replicas starting together may both write
-        // one; verification uses the first.
-        if !store.keyed_upgrade {
-            return Ok(store);
-        }
-        let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
-            .fetch_one(&store.pool)
-            .await
-            .map_err(read_error)?;
-        if keyed == 0 {
-            let heads: Vec<(String, i64, String)> = sqlx::query_as(crate::chain::ALL_HEADS)
-                .fetch_all(&store.pool)
-                .await
-                .map_err(read_error)?;
-            if !heads.is_empty() {
-                let record = crate::chain::legacy_record(heads);
-                store
-                    .submit(OpKind::AppendEvents(vec![record]))
-                    .await?
-                    .done()?;
-            }
+        if store.keyed_upgrade {
+            record_legacy_heads(&store).await?;
         }
         Ok(store)
     }
@@ -302,12 +262,7 @@ impl PgStore {
 
     /// Counters of the writer, e.g. to see how well writes are batched.
     pub fn stats(&self) -> WriterStats {
-        WriterStats {
-            commits: self.counters.commits.load(Ordering::Relaxed),
-            ops: self.counters.ops.load(Ordering::Relaxed),
-            bulk_fallbacks: self.counters.bulk_fallbacks.load(Ordering::Relaxed),
-            step_by_step: self.counters.step_by_step.load(Ordering::Relaxed),
-        }
+        self.counters.stats()
     }
 
     /// This process's instance key (the `owner` of the calls it runs).
@@ -470,380 +425,27 @@ fn instance_key() -> i64 {
     i64::from_le_bytes(bytes)
 }
 
-#[async_trait::async_trait]
-impl Store for PgStore {
-    async fn create_tenant(&self, tenant: Tenant, actor: &Actor) -> Result<(), LedgerError> {
-        let event = AdminEvent::tenant_created(&tenant, actor);
-        self.submit(OpKind::CreateTenant(tenant, event))
-            .await?
-            .done()
+impl Backend for PgStore {
+    type Reader<'a> = &'a PgPool;
+
+    fn reader(&self) -> &PgPool {
+        &self.pool
     }
 
-    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>, LedgerError> {
-        let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(read_error)?;
-        row.as_ref().map(tenant_from_row).transpose()
+    async fn submit(&self, kind: OpKind) -> Result<Reply, LedgerError> {
+        PgStore::submit(self, kind).await
     }
 
-    async fn list_tenants(&self) -> Result<Vec<Tenant>, LedgerError> {
-        // The system chain's reserved row is not a tenant.
-        let rows =
-            sqlx::query("SELECT id, name, created_at FROM tenants WHERE id <> $1 ORDER BY id")
-                .bind(SYSTEM_CHAIN)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(read_error)?;
-        rows.iter().map(tenant_from_row).collect()
+    fn check_live(&self) -> Result<(), LedgerError> {
+        self.liveness.check()
     }
 
-    async fn create_agent(&self, agent: Agent, actor: &Actor) -> Result<(), LedgerError> {
-        let event = AdminEvent::agent_created(&agent, actor);
-        self.submit(OpKind::CreateAgent(agent, event)).await?.done()
-    }
-
-    async fn get_agent(
-        &self,
-        tenant: &TenantId,
-        id: &AgentId,
-    ) -> Result<Option<Agent>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT tenant, id, name, created_at FROM agents WHERE tenant = $1 AND id = $2",
-        )
-        .bind(tenant.as_str())
-        .bind(id.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(agent_from_row).transpose()
-    }
-
-    async fn list_agents(&self, tenant: &TenantId) -> Result<Vec<Agent>, LedgerError> {
-        let rows = sqlx::query(
-            "SELECT tenant, id, name, created_at FROM agents WHERE tenant = $1 ORDER BY id",
-        )
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(agent_from_row).collect()
-    }
-
-    async fn create_token(&self, token: TokenRecord, actor: &Actor) -> Result<(), LedgerError> {
-        let event = AdminEvent::token_issued(&token, actor);
-        self.submit(OpKind::CreateToken(token, event)).await?.done()
-    }
-
-    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT id, hash, role, tenant, agent, label, created_at, revoked \
-             FROM api_tokens WHERE hash = $1",
-        )
-        .bind(hash)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(token_from_row).transpose()
-    }
-
-    async fn list_tokens(
-        &self,
-        tenant: Option<&TenantId>,
-    ) -> Result<Vec<TokenRecord>, LedgerError> {
-        let rows = sqlx::query(
-            "SELECT id, hash, role, tenant, agent, label, created_at, revoked \
-             FROM api_tokens WHERE tenant IS NOT DISTINCT FROM $1 ORDER BY id",
-        )
-        .bind(tenant.map(TenantId::as_str))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(token_from_row).collect()
-    }
-
-    async fn revoke_token(&self, id: &str, actor: &Actor) -> Result<(), LedgerError> {
-        // The token's tenant decides the event's chain, whose head the batch locks before it
-        // runs; it never changes once stored.
-        let tenant: Option<Option<String>> =
-            sqlx::query_scalar("SELECT tenant FROM api_tokens WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(read_error)?;
-        let Some(tenant) = tenant else {
-            return Err(LedgerError::NotFound(format!("token {id}")));
-        };
-        let tenant = tenant
-            .map(|tenant| {
-                TenantId::new(tenant)
-                    .map_err(|error| LedgerError::Corrupt(format!("column tenant: {error}")))
-            })
-            .transpose()?;
-        let event = AdminEvent::token_revoked(id, tenant.as_ref(), actor);
-        self.submit(OpKind::RevokeToken {
-            id: id.to_owned(),
-            tenant,
-            event,
-        })
-        .await?
-        .done()
-    }
-
-    async fn put_permission(
-        &self,
-        permission: Permission,
-        actor: &Actor,
-    ) -> Result<(), LedgerError> {
-        let event = AdminEvent::grant_set(&permission, actor);
-        self.submit(OpKind::PutPermission(permission, event))
-            .await?
-            .done()
-    }
-
-    async fn list_permissions(
-        &self,
-        tenant: &TenantId,
-        agent: Option<&AgentId>,
-    ) -> Result<Vec<Permission>, LedgerError> {
-        let rows = sqlx::query(
-            "SELECT tenant, agent, tool, enabled, updated_at FROM tool_permissions \
-             WHERE tenant = $1 AND (agent IS NULL OR agent = $2) \
-             ORDER BY tool, agent IS NOT NULL, agent",
-        )
-        .bind(tenant.as_str())
-        .bind(agent.map(AgentId::as_str))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(permission_from_row).collect()
-    }
-
-    async fn set_flag(
-        &self,
-        tenant: &TenantId,
-        flag: &str,
-        enabled: bool,
-        actor: &Actor,
-    ) -> Result<(), LedgerError> {
-        self.submit(OpKind::SetFlag {
-            tenant: tenant.clone(),
-            flag: flag.to_owned(),
-            enabled,
-            at: actor.at,
-            event: AdminEvent::flag_set(tenant, flag, enabled, actor),
-        })
-        .await?
-        .done()
-    }
-
-    async fn get_flag(&self, tenant: &TenantId, flag: &str) -> Result<Option<bool>, LedgerError> {
-        sqlx::query_scalar("SELECT enabled FROM feature_flags WHERE tenant = $1 AND flag = $2")
-            .bind(tenant.as_str())
-            .bind(flag)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(read_error)
-    }
-
-    async fn put_policy_set(
-        &self,
-        tenant: &TenantId,
-        text: &str,
-        actor: &Actor,
-    ) -> Result<i64, LedgerError> {
-        self.submit(OpKind::PutPolicySet {
-            tenant: tenant.clone(),
-            text: text.to_owned(),
-            created_by: actor.token_id.clone(),
-            at: actor.at,
-            event: AdminEvent::policy_set(tenant, text, actor),
-        })
-        .await?
-        .version()
-    }
-
-    async fn current_policy_set(
-        &self,
-        tenant: &TenantId,
-    ) -> Result<Option<PolicySetRecord>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT tenant, version, text, created_by, created_at FROM policy_sets \
-             WHERE tenant = $1 ORDER BY version DESC LIMIT 1",
-        )
-        .bind(tenant.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(policy_set_from_row).transpose()
-    }
-
-    async fn create_run(&self, run: RunRecord) -> Result<(), LedgerError> {
-        let manifest = manifest_json(&run.manifest);
-        self.submit(OpKind::CreateRun { run, manifest })
-            .await?
-            .done()
-    }
-
-    async fn get_run(
-        &self,
-        tenant: &TenantId,
-        id: &RunId,
-    ) -> Result<Option<RunRecord>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT id, tenant, agent, manifest, status, calls_used, max_calls, \
-             pending_approvals, created_at FROM runs WHERE tenant = $1 AND id = $2",
-        )
-        .bind(tenant.as_str())
-        .bind(id.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(run_from_row).transpose()
-    }
-
-    async fn record_call(&self, call: NewCall) -> Result<RecordOutcome, LedgerError> {
-        // A call that will run must belong to a process other replicas see alive.
-        if call.call.status == ToolCallStatus::Running {
-            self.liveness.check()?;
-        }
-        let prepared = Box::new(PreparedCall::new(call));
-        self.submit(OpKind::RecordCall(prepared)).await?.recorded()
-    }
-
-    async fn retry_call(
-        &self,
-        call: NewCall,
-        observed_evaluation: i64,
-    ) -> Result<RecordOutcome, LedgerError> {
-        // As in `record_call`: a call that will run needs a process other replicas see alive.
-        if call.call.status == ToolCallStatus::Running {
-            self.liveness.check()?;
-        }
-        let prepared = Box::new(PreparedCall::new(call));
-        self.submit(OpKind::RetryCall {
-            prepared,
-            observed_evaluation,
-        })
-        .await?
-        .recorded()
-    }
-
-    async fn finish_call(&self, finish: FinishCall) -> Result<bool, LedgerError> {
-        let prepared = Box::new(PreparedFinish::new(finish));
-        self.submit(OpKind::FinishCall(prepared)).await?.finished()
-    }
-
-    async fn get_call_answer(
-        &self,
-        tenant: &TenantId,
-        id: &ToolCallId,
-    ) -> Result<Option<SealedAnswer>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT answer_sealed, answer_expires_at FROM tool_calls \
-             WHERE tenant = $1 AND id = $2 AND answer_sealed IS NOT NULL",
-        )
-        .bind(tenant.as_str())
-        .bind(id.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(answer_from_row).transpose()
-    }
-
-    async fn purge_answers(&self, now: Timestamp, limit: u32) -> Result<u64, LedgerError> {
-        self.submit(OpKind::PurgeAnswers { now, limit })
-            .await?
-            .count()
-    }
-
-    async fn pending_for_call(
-        &self,
-        tenant: &TenantId,
-        call: &ToolCallId,
-    ) -> Result<Option<PendingInvocation>, LedgerError> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            pending_columns!(),
-            " FROM pending_invocations WHERE tenant = $1 AND tool_call_id = $2 \
-             ORDER BY created_at DESC, id DESC LIMIT 1"
-        ))
-        .bind(tenant.as_str())
-        .bind(call.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(pending_from_row).transpose()
-    }
-
-    async fn get_tool_call(
-        &self,
-        tenant: &TenantId,
-        id: &ToolCallId,
-    ) -> Result<Option<ToolCallRecord>, LedgerError> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM tool_calls WHERE tenant = $1 AND id = $2"
-        ))
-        .bind(tenant.as_str())
-        .bind(id.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(call_from_row).transpose()
-    }
-
-    async fn find_tool_call_by_use_id(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-        tool_use_id: &ToolUseId,
-    ) -> Result<Option<ToolCallRecord>, LedgerError> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM tool_calls WHERE tenant = $1 AND run = $2 AND tool_use_id = $3"
-        ))
-        .bind(tenant.as_str())
-        .bind(run.as_str())
-        .bind(tool_use_id.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(call_from_row).transpose()
-    }
-
-    async fn list_tool_calls(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-        after: Option<&ToolCallId>,
-        limit: u32,
-    ) -> Result<Vec<ToolCallRecord>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM tool_calls WHERE tenant = $1 AND run = $2 AND ($3::text IS NULL OR seq > \
-             (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2)) \
-             ORDER BY seq LIMIT $4"
-        ))
-        .bind(tenant.as_str())
-        .bind(run.as_str())
-        .bind(after.map(ToolCallId::as_str))
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(call_from_row).collect()
-    }
-
-    async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {
+    async fn interrupted_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {
         let dead = self.dead_owners().await?;
         if dead.is_empty() {
             return Ok(Vec::new());
         }
+        // An array parameter: PostgreSQL only (SQLite has one process per file).
         let rows = sqlx::query(concat!(
             "SELECT ",
             call_columns!(),
@@ -857,347 +459,24 @@ impl Store for PgStore {
         rows.iter().map(call_from_row).collect()
     }
 
-    async fn list_pending(
-        &self,
-        tenant: &TenantId,
-        filter: &PendingFilter,
-        limit: u32,
-    ) -> Result<Vec<PendingInvocation>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            pending_columns!(),
-            " FROM pending_invocations WHERE tenant = $1 AND state = 'pending' \
-              AND ($2::text IS NULL OR run = $2) AND ($3::text IS NULL OR tool = $3) \
-              AND ($4::text IS NULL OR origin = $4) ORDER BY created_at, id LIMIT $5"
-        ))
-        .bind(tenant.as_str())
-        .bind(filter.run.as_ref().map(RunId::as_str))
-        .bind(filter.tool.as_ref().map(ToolName::as_str))
-        .bind(filter.origin.map(|origin| origin.as_str()))
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(pending_from_row).collect()
-    }
-
-    async fn get_pending(
-        &self,
-        tenant: &TenantId,
-        id: &str,
-    ) -> Result<Option<PendingInvocation>, LedgerError> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            pending_columns!(),
-            " FROM pending_invocations WHERE tenant = $1 AND id = $2"
-        ))
-        .bind(tenant.as_str())
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(pending_from_row).transpose()
-    }
-
-    async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError> {
-        // An approval moves the call to `running` here: the same rule as a new call.
-        if resolution.call_status == ToolCallStatus::Running {
-            self.liveness.check()?;
-        }
-        let events = PreparedEvent::of_resolution(&resolution);
-        self.submit(OpKind::ResolvePending(Box::new((resolution, events))))
-            .await?
-            .finished()
-    }
-
-    async fn list_expired_pending(
-        &self,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<PendingInvocation>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            pending_columns!(),
-            " FROM pending_invocations WHERE state = 'pending' AND expires_at <= $1 \
-              ORDER BY expires_at, id LIMIT $2"
-        ))
-        .bind(now.0)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(pending_from_row).collect()
-    }
-
-    async fn add_pending(
-        &self,
-        pending: PendingInvocation,
-        events: Vec<NewAuditEvent>,
-    ) -> Result<(), LedgerError> {
-        let events = PreparedEvent::of_pending(&pending, events);
-        self.submit(OpKind::AddPending(Box::new((
-            PreparedPending::new(pending),
-            events,
-        ))))
-        .await?
-        .done()
-    }
-
-    async fn put_credential(
-        &self,
-        credential: CredentialRecord,
-        actor: &Actor,
-    ) -> Result<(), LedgerError> {
-        let event = AdminEvent::credential_put(&credential, actor);
-        self.submit(OpKind::PutCredential(Box::new((credential, event))))
-            .await?
-            .done()
-    }
-
-    async fn get_credential(
-        &self,
-        tenant: &TenantId,
-        name: &SecretName,
-    ) -> Result<Option<CredentialRecord>, LedgerError> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            credential_columns!(),
-            " FROM tenant_tool_secrets WHERE tenant = $1 AND name = $2"
-        ))
-        .bind(tenant.as_str())
-        .bind(name.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(read_error)?;
-        row.as_ref().map(credential_from_row).transpose()
-    }
-
-    async fn list_credentials(
-        &self,
-        tenant: &TenantId,
-    ) -> Result<Vec<CredentialRecord>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            credential_columns!(),
-            " FROM tenant_tool_secrets WHERE tenant = $1 ORDER BY name"
-        ))
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(credential_from_row).collect()
-    }
-
-    async fn delete_credential(
-        &self,
-        tenant: &TenantId,
-        name: &SecretName,
-        actor: &Actor,
-    ) -> Result<(), LedgerError> {
-        self.submit(OpKind::DeleteCredential {
-            tenant: tenant.clone(),
-            name: name.clone(),
-            event: AdminEvent::credential_deleted(tenant, name, actor),
-        })
-        .await?
-        .done()
-    }
-
-    async fn list_sealed_not_under(
-        &self,
-        key_id: &str,
-        limit: u32,
-    ) -> Result<Vec<CredentialRecord>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            credential_columns!(),
-            " FROM tenant_tool_secrets WHERE key_id IS NOT NULL AND key_id <> $1 \
-              ORDER BY tenant, name LIMIT $2"
-        ))
-        .bind(key_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(credential_from_row).collect()
-    }
-
-    async fn sealed_key_usage(&self) -> Result<Vec<(String, u64)>, LedgerError> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT key_id, COUNT(*) FROM (SELECT key_id FROM tenant_tool_secrets \
-             WHERE key_id IS NOT NULL UNION ALL SELECT arguments_key_id FROM pending_invocations \
-             WHERE state = 'pending' AND arguments_key_id IS NOT NULL) AS used \
-             GROUP BY key_id ORDER BY key_id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        Ok(rows
-            .into_iter()
-            .map(|(key, count)| (key, u64::try_from(count).unwrap_or(0)))
-            .collect())
-    }
-
-    async fn list_pending_sealed_not_under(
-        &self,
-        key_id: &str,
-        limit: u32,
-    ) -> Result<Vec<PendingInvocation>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            pending_columns!(),
-            " FROM pending_invocations WHERE state = 'pending' \
-              AND ((arguments_key_id IS NOT NULL AND arguments_key_id <> $1) \
-              OR (arguments_sealed IS NULL AND arguments IS NOT NULL)) \
-              ORDER BY tenant, id LIMIT $2"
-        ))
-        .bind(key_id.to_owned())
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(pending_from_row).collect()
-    }
-
-    async fn replace_pending_arguments(
-        &self,
-        tenant: &TenantId,
-        id: &str,
-        expected: Option<&str>,
-        sealed: &str,
-        key_id: &str,
-    ) -> Result<bool, LedgerError> {
-        self.submit(OpKind::ReplacePendingArguments {
-            tenant: tenant.clone(),
-            id: id.to_owned(),
-            expected: expected.map(str::to_owned),
-            sealed: sealed.to_owned(),
-            key_id: key_id.to_owned(),
-        })
-        .await?
-        .finished()
-    }
-
-    async fn replace_sealed(
-        &self,
-        tenant: &TenantId,
-        name: &SecretName,
-        expected: &str,
-        value: &str,
-        key_id: &str,
-        actor: &Actor,
-    ) -> Result<bool, LedgerError> {
-        self.submit(OpKind::ReplaceSealed {
-            tenant: tenant.clone(),
-            name: name.clone(),
-            expected: expected.to_owned(),
-            value: value.to_owned(),
-            key_id: key_id.to_owned(),
-            at: actor.at,
-            event: AdminEvent::credential_rewrapped(tenant, name, key_id, actor),
-        })
-        .await?
-        .finished()
-    }
-
-    async fn record_key_change(&self, change: KeyChange, actor: &Actor) -> Result<(), LedgerError> {
-        let event = AdminEvent::key_change(&change, actor);
-        self.submit(OpKind::RecordKeyChange(event)).await?.done()
-    }
-
-    async fn append_events(&self, events: Vec<NewAuditEvent>) -> Result<(), LedgerError> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let prepared = events.into_iter().map(PreparedEvent::new).collect();
-        self.submit(OpKind::AppendEvents(prepared)).await?.done()
-    }
-
-    async fn list_events(
-        &self,
-        tenant: &TenantId,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<AuditEvent>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            event_columns!(),
-            " FROM audit_events WHERE tenant = $1 AND chain_seq > $2 ORDER BY chain_seq LIMIT $3"
-        ))
-        .bind(tenant.as_str())
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    async fn list_run_events(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<AuditEvent>, LedgerError> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            event_columns!(),
-            " FROM audit_events WHERE tenant = $1 AND run = $2 AND chain_seq > $3 \
-              ORDER BY chain_seq LIMIT $4"
-        ))
-        .bind(tenant.as_str())
-        .bind(run.as_str())
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    fn audit_keys(&self) -> Option<Arc<dyn AuditKeys>> {
-        self.keys.clone()
-    }
-
-    async fn verify_against(
-        &self,
-        checkpoint: Option<&Checkpoint>,
-    ) -> Result<VerifyReport, LedgerError> {
+    async fn verify(&self, with: VerifyWith<'_>) -> Result<VerifyReport, LedgerError> {
         let mut conn = self.pool.acquire().await.map_err(read_error)?;
-        let with = crate::verify::VerifyWith {
-            keys: self.keys.as_deref(),
-            checkpoint,
-        };
         crate::verify::verify_chains(&mut *conn, with).await
     }
 
-    async fn granted_tools(&self, tenant: &TenantId) -> Result<Vec<ToolName>, LedgerError> {
-        let names: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT tool FROM tool_permissions WHERE tenant = $1 ORDER BY tool",
-        )
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(read_error)?;
-        names
-            .into_iter()
-            .map(|name| {
-                ToolName::new(name)
-                    .map_err(|error| LedgerError::Corrupt(format!("column tool: {error}")))
-            })
-            .collect()
+    fn keys(&self) -> Option<Arc<dyn AuditKeys>> {
+        self.keys.clone()
     }
 
-    fn subscribe_commits(&self) -> Option<watch::Receiver<u64>> {
+    fn commits(&self) -> Option<watch::Receiver<u64>> {
         Some(self.commits.clone())
     }
 
-    fn subscribe_config_changes(&self) -> Option<watch::Receiver<u64>> {
+    fn config_changes(&self) -> Option<watch::Receiver<u64>> {
         Some(self.config_changes.clone())
     }
 
-    async fn close(&self) {
+    async fn shut_down(&self) {
         PgStore::close(self).await;
     }
 }

@@ -7,8 +7,6 @@ use std::str::FromStr;
 
 use serde_json::Value;
 use sqlx::Row;
-use sqlx::postgres::PgRow;
-use sqlx::sqlite::SqliteRow;
 use toolgate_core::{RunId, SecretName, TenantId, Timestamp, ToolCallId, ToolName};
 
 use crate::error::LedgerError;
@@ -156,6 +154,7 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
             let Some(code) = db.code() else {
                 return false;
             };
+            #[cfg(feature = "sqlite")]
             if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
                 // Extended result codes carry the primary code in the low byte.
                 let primary = code.parse::<u32>().map_or(0, |extended| extended & 0xff);
@@ -207,7 +206,8 @@ macro_rules! typed_getters {
     };
 }
 
-impl SqlRow for SqliteRow {
+#[cfg(feature = "sqlite")]
+impl SqlRow for sqlx::sqlite::SqliteRow {
     typed_getters!();
     fn flag(&self, column: &str) -> Result<bool, LedgerError> {
         match self.int(column)? {
@@ -220,7 +220,8 @@ impl SqlRow for SqliteRow {
     }
 }
 
-impl SqlRow for PgRow {
+#[cfg(feature = "postgres")]
+impl SqlRow for sqlx::postgres::PgRow {
     typed_getters!();
     fn flag(&self, column: &str) -> Result<bool, LedgerError> {
         self.try_get(column).map_err(|e| column_error(column, &e))

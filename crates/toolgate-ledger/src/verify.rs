@@ -52,8 +52,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::LedgerError;
 use crate::model::{AuditChain, ChainHead, ChainProblem, ChainProblemKind, VerifyReport};
 use crate::rows::{SqlRow, read_error};
-use sqlx::postgres::PgConnection;
-use sqlx::sqlite::SqliteConnection;
+use crate::sql::{Dialect, query};
+use crate::steps::Conn;
 
 /// What verification reads, on one connection of either backend. Each chain is read between
 /// `begin_snapshot` and `end_snapshot`, so concurrent appends cannot look like damage.
@@ -87,164 +87,156 @@ pub(crate) trait ChainReader {
     ) -> Result<Vec<(&'static str, String, String, Map<String, Value>)>, LedgerError>;
 }
 
-/// Implements [`ChainReader`] for a connection type; the SQL is the same on both backends.
-macro_rules! chain_reader {
-    ($conn:ty, $begin:literal) => {
-        impl ChainReader for $conn {
-            async fn tenants(&mut self) -> Result<Vec<String>, LedgerError> {
-                sqlx::query_scalar(
-                    "SELECT tenant FROM audit_heads WHERE chain_seq > 0 \
-                     UNION SELECT tenant FROM audit_events ORDER BY 1",
-                )
-                .fetch_all(&mut *self)
-                .await
-                .map_err(read_error)
-            }
+/// Every backend's connection reads the chains with the same SQL; only the snapshot differs.
+impl<C: Conn> ChainReader for C {
+    async fn tenants(&mut self) -> Result<Vec<String>, LedgerError> {
+        query(
+            "SELECT tenant FROM audit_heads WHERE chain_seq > 0 \
+             UNION SELECT tenant FROM audit_events ORDER BY 1",
+        )
+        .all(self.db(), |row| row.text("tenant"))
+        .await
+    }
 
-            async fn begin_snapshot(&mut self) -> Result<(), LedgerError> {
-                sqlx::query($begin)
-                    .execute(&mut *self)
-                    .await
-                    .map_err(read_error)?;
-                Ok(())
-            }
+    async fn begin_snapshot(&mut self) -> Result<(), LedgerError> {
+        // SQLite's read transaction is a snapshot already (WAL); PostgreSQL needs the
+        // isolation level for one across statements.
+        let begin = match C::DIALECT {
+            Dialect::Sqlite => "BEGIN",
+            Dialect::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        };
+        query(begin).execute(self.db()).await.map_err(read_error)?;
+        Ok(())
+    }
 
-            async fn end_snapshot(&mut self) -> Result<(), LedgerError> {
-                sqlx::query("ROLLBACK")
-                    .execute(&mut *self)
-                    .await
-                    .map_err(read_error)?;
-                Ok(())
-            }
+    async fn end_snapshot(&mut self) -> Result<(), LedgerError> {
+        query("ROLLBACK")
+            .execute(self.db())
+            .await
+            .map_err(read_error)?;
+        Ok(())
+    }
 
-            async fn head(&mut self, tenant: &str) -> Result<Option<(i64, String)>, LedgerError> {
-                sqlx::query_as("SELECT chain_seq, hash FROM audit_heads WHERE tenant = $1")
-                    .bind(tenant.to_owned())
-                    .fetch_optional(&mut *self)
-                    .await
-                    .map_err(read_error)
-            }
+    async fn head(&mut self, tenant: &str) -> Result<Option<(i64, String)>, LedgerError> {
+        let row = query("SELECT chain_seq, hash FROM audit_heads WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_optional(self.db())
+            .await
+            .map_err(read_error)?;
+        row.map(|row| Ok((row.int("chain_seq")?, row.text("hash")?)))
+            .transpose()
+    }
 
-            async fn page(
-                &mut self,
-                tenant: &str,
-                after: i64,
-                limit: i64,
-            ) -> Result<Vec<StoredEvent>, LedgerError> {
-                let rows = sqlx::query(
-                    "SELECT seq, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, \
-                     key_id, binding FROM audit_events WHERE tenant = $1 AND chain_seq > $2 \
-                     ORDER BY chain_seq LIMIT $3",
-                )
-                .bind(tenant.to_owned())
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&mut *self)
-                .await
-                .map_err(read_error)?;
-                rows.iter().map(StoredEvent::from_row).collect()
-            }
+    async fn page(
+        &mut self,
+        tenant: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<StoredEvent>, LedgerError> {
+        query(
+            "SELECT seq, chain_seq, kind, run, tool_call_id, payload, at, prev_hash, hash, \
+             key_id, binding FROM audit_events WHERE tenant = $1 AND chain_seq > $2 \
+             ORDER BY chain_seq LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(after)
+        .bind(limit)
+        .all(self.db(), StoredEvent::from_row)
+        .await
+    }
 
-            async fn links(&mut self, tenant: &str) -> Result<Vec<(String, String)>, LedgerError> {
-                sqlx::query_as("SELECT hash, prev_hash FROM audit_events WHERE tenant = $1")
-                    .bind(tenant.to_owned())
-                    .fetch_all(&mut *self)
-                    .await
-                    .map_err(read_error)
-            }
+    async fn links(&mut self, tenant: &str) -> Result<Vec<(String, String)>, LedgerError> {
+        let rows = query("SELECT hash, prev_hash FROM audit_events WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_all(self.db())
+            .await
+            .map_err(read_error)?;
+        rows.iter()
+            .map(|row| Ok((row.text("hash")?, row.text("prev_hash")?)))
+            .collect()
+    }
 
-            async fn any_keyed(&mut self) -> Result<bool, LedgerError> {
-                let keyed: i64 = sqlx::query_scalar(crate::chain::ANY_KEYED)
-                    .fetch_one(&mut *self)
-                    .await
-                    .map_err(read_error)?;
-                Ok(keyed > 0)
-            }
+    async fn any_keyed(&mut self) -> Result<bool, LedgerError> {
+        let row = query(crate::chain::ANY_KEYED)
+            .fetch_one(self.db())
+            .await
+            .map_err(read_error)?;
+        Ok(row.int("count")? > 0)
+    }
 
-            async fn legacy_record(&mut self) -> Result<Option<String>, LedgerError> {
-                sqlx::query_scalar(crate::chain::FIND_LEGACY_RECORD)
-                    .fetch_optional(&mut *self)
-                    .await
-                    .map_err(read_error)
-            }
+    async fn legacy_record(&mut self) -> Result<Option<String>, LedgerError> {
+        query(crate::chain::FIND_LEGACY_RECORD)
+            .optional(self.db(), |row| row.text("payload"))
+            .await
+    }
 
-            async fn calls(
-                &mut self,
-                tenant: &str,
-                after: i64,
-                limit: i64,
-            ) -> Result<Vec<StoredCall>, LedgerError> {
-                let rows = sqlx::query(
-                    "SELECT seq, id, status, error_code, error_text, input_redacted, \
-                     output_redacted, tool, run, args_hash, policy_decision_id, risk_level, \
-                     attempts FROM tool_calls WHERE tenant = $1 AND seq > $2 \
-                     ORDER BY seq LIMIT $3",
-                )
-                .bind(tenant.to_owned())
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&mut *self)
-                .await
-                .map_err(read_error)?;
-                rows.iter().map(StoredCall::from_row).collect()
-            }
+    async fn calls(
+        &mut self,
+        tenant: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<StoredCall>, LedgerError> {
+        query(
+            "SELECT seq, id, status, error_code, error_text, input_redacted, \
+             output_redacted, tool, run, args_hash, policy_decision_id, risk_level, \
+             attempts FROM tool_calls WHERE tenant = $1 AND seq > $2 \
+             ORDER BY seq LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(after)
+        .bind(limit)
+        .all(self.db(), StoredCall::from_row)
+        .await
+    }
 
-            async fn decisions_and_pending(
-                &mut self,
-                tenant: &str,
-            ) -> Result<Vec<(&'static str, String, String, Map<String, Value>)>, LedgerError> {
-                let mut found = Vec::new();
-                let decisions = sqlx::query(
-                    "SELECT id, tool_call_id, tool, decision, risk, policy_ids, policy_version \
-                     FROM policy_decisions WHERE tenant = $1",
-                )
-                .bind(tenant.to_owned())
-                .fetch_all(&mut *self)
-                .await
-                .map_err(read_error)?;
-                for row in &decisions {
-                    let call = row.text("tool_call_id")?;
-                    let fields = decision_fields(
-                        &call,
-                        &row.text("tool")?,
-                        &row.text("decision")?,
-                        &row.text("risk")?,
-                        &row.text("policy_ids")?,
-                        row.int("policy_version")?,
-                    );
-                    found.push(("decision", row.text("id")?, call, fields));
-                }
-                let pending = sqlx::query(
-                    "SELECT id, tool_call_id, tool, args_hash, origin, decision, policy_version \
-                     FROM pending_invocations WHERE tenant = $1",
-                )
-                .bind(tenant.to_owned())
-                .fetch_all(&mut *self)
-                .await
-                .map_err(read_error)?;
-                for row in &pending {
-                    let call = row.text("tool_call_id")?;
-                    let fields = pending_fields(
-                        &call,
-                        &row.text("tool")?,
-                        &row.text("args_hash")?,
-                        &row.text("origin")?,
-                        &row.text("decision")?,
-                        row.int("policy_version")?,
-                    );
-                    found.push(("pending", row.text("id")?, call, fields));
-                }
-                Ok(found)
-            }
+    async fn decisions_and_pending(
+        &mut self,
+        tenant: &str,
+    ) -> Result<Vec<(&'static str, String, String, Map<String, Value>)>, LedgerError> {
+        let mut found = Vec::new();
+        let decisions = query(
+            "SELECT id, tool_call_id, tool, decision, risk, policy_ids, policy_version \
+             FROM policy_decisions WHERE tenant = $1",
+        )
+        .bind(tenant)
+        .fetch_all(self.db())
+        .await
+        .map_err(read_error)?;
+        for row in &decisions {
+            let call = row.text("tool_call_id")?;
+            let fields = decision_fields(
+                &call,
+                &row.text("tool")?,
+                &row.text("decision")?,
+                &row.text("risk")?,
+                &row.text("policy_ids")?,
+                row.int("policy_version")?,
+            );
+            found.push(("decision", row.text("id")?, call, fields));
         }
-    };
+        let pending = query(
+            "SELECT id, tool_call_id, tool, args_hash, origin, decision, policy_version \
+             FROM pending_invocations WHERE tenant = $1",
+        )
+        .bind(tenant)
+        .fetch_all(self.db())
+        .await
+        .map_err(read_error)?;
+        for row in &pending {
+            let call = row.text("tool_call_id")?;
+            let fields = pending_fields(
+                &call,
+                &row.text("tool")?,
+                &row.text("args_hash")?,
+                &row.text("origin")?,
+                &row.text("decision")?,
+                row.int("policy_version")?,
+            );
+            found.push(("pending", row.text("id")?, call, fields));
+        }
+        Ok(found)
+    }
 }
-
-chain_reader!(SqliteConnection, "BEGIN");
-chain_reader!(
-    PgConnection,
-    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-);
 
 /// Events read per query while walking a chain.
 const PAGE: i64 = 1000;

@@ -12,7 +12,7 @@ use toolgate_core::{ToolCallStatus, ToolUseId};
 use super::{PgOptions, PgStore};
 use crate::error::LedgerError;
 use crate::model::*;
-use crate::sqlite::WriterStats;
+use crate::ops::WriterStats;
 use crate::store::Store;
 use crate::tests::*;
 

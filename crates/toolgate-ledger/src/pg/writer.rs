@@ -13,7 +13,7 @@
 //! 1. `BEGIN`, then lock and read the heads of every tenant the batch appends to, in tenant
 //!    order (`SELECT ... ORDER BY tenant FOR UPDATE`), so batches of different replicas never
 //!    wait on each other in a cycle;
-//! 2. each operation in its own savepoint, statement by statement (see `steps`), so a refused
+//! 2. each operation in its own savepoint, statement by statement (see `crate::steps`), so a refused
 //!    operation rolls back alone and gets a precise answer;
 //! 3. the heads that moved are written, with a notification, and the batch commits.
 //!
@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row, SqlSafeStr, SqlStr};
@@ -36,23 +36,15 @@ use tracing::warn;
 
 use crate::error::LedgerError;
 use crate::model::RecordOutcome;
-use crate::ops::{Command, OpKind, PreparedEvent, Reply, WriteOp};
-use crate::pg::steps::{Head, Link, Steps, link};
+use crate::ops::{Command, Counters, OpKind, PreparedEvent, Reply, WriteOp};
 use crate::rows::{Fail, SqlFailure, database_error};
+use crate::sql::Dialect;
+use crate::steps::{Conn, Head, Steps};
 
 /// The most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
 /// How often a batch is run again after a deadlock or serialization failure.
 const MAX_RETRIES: u32 = 5;
-
-/// Counters the store exposes through `stats()`.
-#[derive(Debug, Default)]
-pub(super) struct Counters {
-    pub(super) commits: AtomicU64,
-    pub(super) ops: AtomicU64,
-    pub(super) bulk_fallbacks: AtomicU64,
-    pub(super) step_by_step: AtomicU64,
-}
 
 pub(super) struct Writer {
     conn: Option<PgConnection>,
@@ -151,7 +143,7 @@ impl Writer {
                 }
                 Err(BatchError::Retry(error) | BatchError::Failed(error)) => {
                     warn!(%error, ops = kinds.len(), "ledger batch failed");
-                    break kinds.iter().map(|_| Err(copy_error(&error))).collect();
+                    break kinds.iter().map(|_| Err(error.copied())).collect();
                 }
             }
         };
@@ -490,9 +482,9 @@ impl Writer {
             let mut steps = Steps {
                 conn,
                 heads: &mut heads,
-                undo: Vec::new(),
-                instance,
                 keys: keys.as_deref(),
+                undo: Vec::new(),
+                owner: Some(instance),
             };
             let result = steps.apply(op).await;
             let undo = steps.undo;
@@ -586,6 +578,116 @@ impl Writer {
     }
 }
 
+/// Where an event goes in its chain.
+#[derive(Clone, Debug)]
+struct Link {
+    chain_seq: i64,
+    prev_hash: String,
+    hash: String,
+    /// The master key id whose chain key MAC'd the event; `None` for a legacy hash.
+    key_id: Option<String>,
+    /// The event's binding; never with a legacy hash, which would not cover it.
+    binding: Option<String>,
+}
+
+/// The next link of `event`'s chain after `heads`, moving the head, MAC'd with `keys` (the
+/// legacy hash without). `Ok(None)` when the batch has no head for that tenant (it has none:
+/// the tenant does not exist).
+fn link(
+    heads: &mut HashMap<String, Head>,
+    event: &PreparedEvent,
+    keys: Option<&dyn AuditKeys>,
+) -> Result<Option<Link>, LedgerError> {
+    let Some(head) = heads.get_mut(&event.tenant) else {
+        return Ok(None);
+    };
+    let chain_seq = head.chain_seq + 1;
+    let (key_id, hash) = crate::chain::new_link(keys, &head.hash, &event.fields(chain_seq))?;
+    let prev_hash = std::mem::replace(&mut head.hash, hash.clone());
+    head.chain_seq = chain_seq;
+    Ok(Some(Link {
+        chain_seq,
+        prev_hash,
+        binding: key_id.as_ref().and(event.binding.clone()),
+        key_id,
+        hash,
+    }))
+}
+
+/// The call row with its owner. `ON CONFLICT DO NOTHING`: a repeated `tool_use_id` is found
+/// without aborting the transaction.
+const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, agent, tool, \
+     action, tool_use_id, correlation_id, status, args_hash, input_redacted, output_redacted, \
+     error_code, error_text, policy_decision_id, risk_level, duration_ms, attempts, created_at, \
+     updated_at, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21) ON CONFLICT DO NOTHING RETURNING seq";
+
+impl Conn for PgConnection {
+    type Row = sqlx::postgres::PgRow;
+    type Db<'c> = &'c mut PgConnection;
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    fn db(&mut self) -> &mut PgConnection {
+        self
+    }
+
+    /// The batch locked the heads of every chain it appends to; heads exist from a tenant's
+    /// creation on, so a missing one means no tenant.
+    async fn head(
+        &mut self,
+        heads: &mut HashMap<String, Head>,
+        tenant: &str,
+    ) -> Result<Head, Fail> {
+        heads
+            .get(tenant)
+            .cloned()
+            .ok_or_else(|| Fail::Op(LedgerError::NotFound(format!("tenant {tenant}"))))
+    }
+
+    async fn insert_call(
+        &mut self,
+        prepared: &crate::ops::PreparedCall,
+        owner: Option<i64>,
+    ) -> Result<bool, sqlx::Error> {
+        let call = &prepared.call;
+        let row = sqlx::query(INSERT_CALL)
+            .bind(call.id.as_str())
+            .bind(call.tenant.as_str())
+            .bind(call.run.as_str())
+            .bind(call.agent.as_str())
+            .bind(&call.tool)
+            .bind(call.action.as_deref())
+            .bind(call.tool_use_id.as_ref().map(|id| id.as_str()))
+            .bind(call.correlation_id.as_str())
+            .bind(call.status.as_str())
+            .bind(&call.args_hash)
+            .bind(&prepared.input)
+            .bind(prepared.output.as_deref())
+            .bind(call.error_code.map(|code| code.as_str()))
+            .bind(call.error_text.as_deref())
+            .bind(call.policy_decision_id.as_deref())
+            .bind(call.risk_level.map(|risk| risk.as_str()))
+            .bind(call.duration_ms)
+            .bind(call.attempts)
+            .bind(call.created_at.0)
+            .bind(call.updated_at.0)
+            .bind(owner)
+            .fetch_optional(&mut *self)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// A failed statement aborts the transaction up to the savepoint `op`; the writer rolls
+    /// back to it again on any failure, which is harmless.
+    async fn recover(&mut self) -> Result<(), Fail> {
+        sqlx::raw_sql("ROLLBACK TO SAVEPOINT op")
+            .execute(&mut *self)
+            .await
+            .map(|_| ())
+            .map_err(|error| Fail::Fatal(LedgerError::Database(error.to_string())))
+    }
+}
+
 /// Whether other replicas must drop what they cache after this operation commits.
 fn changes_configuration(op: &OpKind) -> bool {
     matches!(
@@ -675,22 +777,6 @@ fn is_conflict_message(message: &str) -> bool {
 
 fn decode(error: sqlx::Error) -> BatchError {
     BatchError::Failed(LedgerError::Corrupt(error.to_string()))
-}
-
-/// `LedgerError` is not `Clone`; one batch failure answers many callers.
-fn copy_error(error: &LedgerError) -> LedgerError {
-    match error {
-        LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
-        LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
-        LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
-        LedgerError::Constraint(what) => LedgerError::Constraint(what.clone()),
-        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
-        LedgerError::Database(what) => LedgerError::Database(what.clone()),
-        LedgerError::Closed => LedgerError::Closed,
-        LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
-        LedgerError::NotLive(what) => LedgerError::NotLive(what.clone()),
-        LedgerError::ReadOnly => LedgerError::ReadOnly,
-    }
 }
 
 /// Moves the heads that a slow batch moved and notifies listeners (delivered at commit).

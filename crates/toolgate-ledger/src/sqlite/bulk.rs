@@ -26,7 +26,8 @@ use crate::sqlite::statements::{
     ChainLink, RowKind, RunCount, Shape, SqlQuery, bind_call, bind_decision, bind_event,
     bind_finish_row, bind_pending, bind_run_count_row, chunk_rows,
 };
-use crate::sqlite::writer::{Head, Writer};
+use crate::sqlite::writer::Writer;
+use crate::steps::Head;
 
 /// A hot operation of the batch.
 #[derive(Clone, Copy, Debug)]

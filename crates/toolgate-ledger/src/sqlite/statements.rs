@@ -1,6 +1,8 @@
 //! The write statements of the hot operations, how their parameters are bound, and the
-//! multi-statement and multi-row shapes the writer builds from them. The writer's bulk,
-//! one-round-trip and step-by-step paths share these, so all of them write exactly the same rows.
+//! multi-statement and multi-row shapes the writer builds from them (SQLite's fast paths). The
+//! bulk and one-round-trip paths share these, so both write exactly the same rows; the
+//! step-by-step path (`crate::steps`, shared with PostgreSQL) inserts the call row with
+//! [`INSERT_CALL`] too.
 
 use std::sync::Arc;
 
@@ -36,12 +38,6 @@ pub(super) const COUNT_ON_RUN: &str = "UPDATE runs SET calls_used = calls_used +
      pending_approvals = pending_approvals + ?, \
      status = CASE WHEN ? > 0 THEN 'waiting_approval' ELSE status END \
      WHERE tenant = ? AND id = ?";
-
-/// Like [`COUNT_ON_RUN`], but changes no row (instead of failing) when the budget is used up.
-pub(super) const COUNT_ON_RUN_WITHIN_BUDGET: &str = "UPDATE runs SET calls_used = calls_used + ?, \
-     pending_approvals = pending_approvals + ?, \
-     status = CASE WHEN ? > 0 THEN 'waiting_approval' ELSE status END \
-     WHERE tenant = ? AND id = ? AND calls_used + ? <= max_calls";
 
 pub(super) const INSERT_DECISION: &str = "INSERT INTO policy_decisions (id, tenant, tool_call_id, \
      tool, decision, risk, policy_ids, policy_version, created_at) \
@@ -103,8 +99,7 @@ pub(super) fn bind_call(query: SqlQuery, prepared: &PreparedCall) -> SqlQuery {
         .bind(call.updated_at.0)
 }
 
-/// Binds [`COUNT_ON_RUN`]; [`COUNT_ON_RUN_WITHIN_BUDGET`] takes one more parameter, the
-/// budget increment again.
+/// Binds [`COUNT_ON_RUN`].
 pub(super) fn bind_count_on_run(query: SqlQuery, prepared: &PreparedCall) -> SqlQuery {
     let pending = i64::from(prepared.pending.is_some());
     query

@@ -9,9 +9,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions, Connection, Executor};
 use toolgate_core::ToolCallStatus;
 
-use super::{SqliteStore, WriterStats};
+use super::SqliteStore;
 use crate::error::LedgerError;
 use crate::model::*;
+use crate::ops::WriterStats;
 use crate::store::Store;
 use crate::tests::*;
 

@@ -13,8 +13,8 @@
 //! 2. *One round trip per operation*: `SAVEPOINT op; <its inserts and updates>; RELEASE op` as
 //!    one multi-statement query. Used for a lone hot operation, and for each hot operation of a
 //!    batch whose bulk write was refused.
-//! 3. *Step by step* (see `steps`): one statement at a time, looking at each result. Used when
-//!    the one-round-trip form was refused too.
+//! 3. *Step by step* (see `crate::steps`, shared with PostgreSQL): one statement at a time,
+//!    looking at each result. Used when the one-round-trip form was refused too.
 //!
 //! Tiers 1 and 2 assume the common case: a new call within budget, a call that is still
 //! running. If any statement refuses (a repeated `tool_use_id`, a used-up budget caught by the
@@ -37,7 +37,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, Row, SqlStr};
@@ -48,16 +48,19 @@ use tracing::warn;
 use crate::chain::GENESIS_HASH;
 use crate::error::LedgerError;
 use crate::model::RecordOutcome;
-use crate::ops::{Command, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp};
+use crate::ops::{
+    Command, Counters, OpKind, PreparedCall, PreparedEvent, PreparedFinish, Reply, WriteOp,
+};
 use crate::rows::database_error;
 use crate::rows::{Fail, SqlFailure, read_failure};
+use crate::sql::Dialect;
 use crate::sqlite::bulk::Hot;
 use crate::sqlite::owner::OwnerLock;
 use crate::sqlite::statements::{
-    ChainLink, Shape, SqlQuery, UPSERT_HEAD, bind_call, bind_count_on_run, bind_decision,
-    bind_event, bind_finish, bind_pending,
+    ChainLink, INSERT_CALL, Shape, SqlQuery, UPSERT_HEAD, bind_call, bind_count_on_run,
+    bind_decision, bind_event, bind_finish, bind_pending,
 };
-use crate::sqlite::steps::Steps;
+use crate::steps::{Conn, Head, Steps};
 
 /// The most operations committed in one transaction. Bounds the latency one batch adds to the
 /// callers queued behind it.
@@ -74,15 +77,6 @@ const MAX_HEADS_WITH_COMMIT: usize = 8;
 /// path's fixed cost (a savepoint and one statement per table).
 const MIN_BULK: usize = 4;
 
-/// Counters the store exposes through `stats()`.
-#[derive(Debug, Default)]
-pub(super) struct Counters {
-    pub(super) commits: AtomicU64,
-    pub(super) ops: AtomicU64,
-    pub(super) bulk_fallbacks: AtomicU64,
-    pub(super) step_by_step: AtomicU64,
-}
-
 /// The writer task's state.
 pub(super) struct Writer {
     pub(super) conn: SqliteConnection,
@@ -97,13 +91,6 @@ pub(super) struct Writer {
     owner: Option<OwnerLock>,
     /// The keys events are MAC'd with; `None` writes legacy (unkeyed) hashes.
     pub(super) keys: Option<Arc<dyn AuditKeys>>,
-}
-
-/// The newest event of a tenant's chain; `chain_seq` 0 with the genesis hash for an empty chain.
-#[derive(Clone, Debug)]
-pub(super) struct Head {
-    pub(super) chain_seq: i64,
-    pub(super) hash: String,
 }
 
 impl Writer {
@@ -187,7 +174,7 @@ impl Writer {
             Ok(results) => results,
             Err(error) => {
                 warn!(%error, ops = kinds.len(), "ledger batch failed");
-                kinds.iter().map(|_| Err(copy_error(&error))).collect()
+                kinds.iter().map(|_| Err(error.copied())).collect()
             }
         };
         self.counters.ops.fetch_add(
@@ -420,12 +407,13 @@ impl Writer {
         self.step_by_step(op).await
     }
 
-    fn steps(&mut self) -> Steps<'_> {
+    fn steps(&mut self) -> Steps<'_, SqliteConnection> {
         Steps {
             conn: &mut self.conn,
             heads: &mut self.heads,
             keys: self.keys.as_deref(),
             undo: Vec::new(),
+            owner: None,
         }
     }
 
@@ -687,8 +675,44 @@ async fn execute(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), s
     sqlx::query(sql).execute(conn).await.map(|_| ())
 }
 
+impl Conn for SqliteConnection {
+    type Row = sqlx::sqlite::SqliteRow;
+    type Db<'c> = &'c mut SqliteConnection;
+    const DIALECT: Dialect = Dialect::Sqlite;
+
+    fn db(&mut self) -> &mut SqliteConnection {
+        self
+    }
+
+    /// The writer is the file's only writer: its cached head is the chain's, loaded lazily.
+    async fn head(
+        &mut self,
+        heads: &mut HashMap<String, Head>,
+        tenant: &str,
+    ) -> Result<Head, Fail> {
+        load_head(self, heads, tenant).await
+    }
+
+    /// The statement the writer's fast paths use too; a repeated key fails it (the failed
+    /// statement alone is undone).
+    async fn insert_call(
+        &mut self,
+        prepared: &PreparedCall,
+        _owner: Option<i64>,
+    ) -> Result<bool, sqlx::Error> {
+        bind_call(sqlx::query(INSERT_CALL), prepared)
+            .execute(&mut *self)
+            .await
+            .map(|_| true)
+    }
+
+    async fn recover(&mut self) -> Result<(), Fail> {
+        Ok(())
+    }
+}
+
 /// The cached head of a tenant's chain, loaded from `audit_heads` on first use.
-pub(super) async fn load_head(
+async fn load_head(
     conn: &mut SqliteConnection,
     heads: &mut HashMap<String, Head>,
     tenant: &str,
@@ -784,23 +808,6 @@ fn answer(result: Result<Reply, Fail>) -> Result<Result<Reply, LedgerError>, Led
 fn fatal(fail: Fail) -> LedgerError {
     match fail {
         Fail::Op(error) | Fail::Fatal(error) => error,
-    }
-}
-
-/// `LedgerError` is not `Clone` (it is public and non-exhaustive); one batch failure answers
-/// many callers.
-fn copy_error(error: &LedgerError) -> LedgerError {
-    match error {
-        LedgerError::AlreadyExists(what) => LedgerError::AlreadyExists(what.clone()),
-        LedgerError::NotFound(what) => LedgerError::NotFound(what.clone()),
-        LedgerError::Corrupt(what) => LedgerError::Corrupt(what.clone()),
-        LedgerError::Constraint(what) => LedgerError::Constraint(what.clone()),
-        LedgerError::Unavailable(what) => LedgerError::Unavailable(what.clone()),
-        LedgerError::Database(what) => LedgerError::Database(what.clone()),
-        LedgerError::Closed => LedgerError::Closed,
-        LedgerError::InUse(what) => LedgerError::InUse(what.clone()),
-        LedgerError::NotLive(what) => LedgerError::NotLive(what.clone()),
-        LedgerError::ReadOnly => LedgerError::ReadOnly,
     }
 }
 

@@ -17,11 +17,9 @@ mod store;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Executor};
 use tempfile::TempDir;
 use toolgate_core::{
@@ -31,8 +29,9 @@ use toolgate_core::{
 
 use crate::error::LedgerError;
 use crate::model::*;
-use crate::pg::{PgOptions, PgStore};
-use crate::sqlite::{SqliteStore, WriterStats};
+use crate::ops::WriterStats;
+use crate::pg::PgStore;
+use crate::sqlite::SqliteStore;
 use crate::store::Store;
 
 // --- running a test on both backends ---------------------------------------------------------
@@ -340,186 +339,7 @@ async fn open_once_released(path: &std::path::Path) -> SqliteStore {
 
 // --- PostgreSQL schemas -----------------------------------------------------------------------
 
-/// The variable naming the test server.
-pub(crate) const PG_URL_ENV: &str = "TOOLGATE_TEST_PG_URL";
-/// The server used when the variable is unset.
-pub(crate) const PG_DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// The URL of the test server.
-pub(crate) fn pg_url() -> String {
-    std::env::var(PG_URL_ENV)
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| PG_DEFAULT_URL.to_owned())
-}
-
-/// One test's schema. Dropped (`DROP SCHEMA ... CASCADE`) when this value is dropped at the end
-/// of a test that passed; kept, and named on stderr, when the test failed.
-pub(crate) struct PgSchema {
-    url: String,
-    name: String,
-    /// Whether a store was ever opened on it (so it exists).
-    created: AtomicBool,
-}
-
-impl PgSchema {
-    /// A name no other test (of this or any concurrent run) uses. Nothing is created yet:
-    /// `PgStore::connect` creates and migrates it.
-    pub(crate) fn fresh() -> PgSchema {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|elapsed| elapsed.as_nanos())
-            .unwrap_or(0);
-        let name = format!(
-            "tg_t_{}_{}_{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            nanos
-        );
-        assert!(name.len() <= 63, "schema name too long: {name}");
-        PgSchema {
-            url: pg_url(),
-            name,
-            created: AtomicBool::new(false),
-        }
-    }
-
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub(crate) fn options(&self) -> PgOptions {
-        PgOptions {
-            url: self.url.clone(),
-            schema: Some(self.name.clone()),
-        }
-    }
-
-    /// A store on this schema (creating and migrating it the first time): another process, or
-    /// replica, when the schema already has one.
-    pub(crate) async fn open(&self) -> PgStore {
-        let store = PgStore::connect(&self.options())
-            .await
-            .unwrap_or_else(|error| panic!("{}", no_postgres(&self.url, &error.to_string())));
-        self.created.store(true, Ordering::Relaxed);
-        store
-    }
-
-    /// Like [`PgSchema::open`], MAC'ing audit events with `keys`.
-    pub(crate) async fn open_keyed(&self, keys: Arc<dyn toolgate_core::AuditKeys>) -> PgStore {
-        let store = PgStore::connect_keyed(&self.options(), keys)
-            .await
-            .unwrap_or_else(|error| panic!("{}", no_postgres(&self.url, &error.to_string())));
-        self.created.store(true, Ordering::Relaxed);
-        store
-    }
-
-    /// A plain connection to the schema, outside any store (an operator or an attacker).
-    pub(crate) async fn raw(&self) -> PgConnection {
-        let options: PgConnectOptions = self.url.parse().unwrap_or_else(|error| {
-            panic!(
-                "{}",
-                no_postgres(&self.url, &format!("invalid URL: {error}"))
-            )
-        });
-        options
-            .options([("search_path", self.name.as_str())])
-            .connect()
-            .await
-            .unwrap_or_else(|error| panic!("{}", no_postgres(&self.url, &error.to_string())))
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        if !self.created.load(Ordering::Relaxed) {
-            return;
-        }
-        if std::thread::panicking() {
-            eprintln!(
-                "kept PostgreSQL schema `{}` of the failed test for inspection (at {}); \
-                 remove it with DROP SCHEMA {} CASCADE",
-                self.name,
-                redact(&self.url),
-                self.name
-            );
-            return;
-        }
-        // Drop runs inside the test's runtime, which cannot be blocked on: the schema is
-        // dropped from a thread of its own, with its own runtime, and waited for.
-        let (url, name) = (self.url.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|error| error.to_string())?;
-            runtime.block_on(drop_schema(&url, &name))
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => eprintln!("could not drop test schema `{}`: {error}", self.name),
-            Err(_) => eprintln!(
-                "could not drop test schema `{}`: the thread panicked",
-                self.name
-            ),
-        }
-    }
-}
-
-async fn drop_schema(url: &str, name: &str) -> Result<(), String> {
-    let mut conn = PgConnection::connect(url)
-        .await
-        .map_err(|error| error.to_string())?;
-    // Never wait forever on a store that was left in the middle of a write.
-    conn.execute("SET lock_timeout = '30s'")
-        .await
-        .map_err(|error| error.to_string())?;
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS {name} CASCADE"
-    )))
-    .await
-    .map_err(|error| error.to_string())?;
-    conn.close().await.map_err(|error| error.to_string())
-}
-
-/// The message of a test that found no usable PostgreSQL.
-fn no_postgres(url: &str, error: &str) -> String {
-    let origin = if std::env::var(PG_URL_ENV).is_ok_and(|url| !url.trim().is_empty()) {
-        format!("from {PG_URL_ENV}")
-    } else {
-        format!("the default; {PG_URL_ENV} is not set")
-    };
-    let rule = "=".repeat(78);
-    format!(
-        "\n{rule}\n\
-         NO PostgreSQL FOR THE LEDGER TESTS: could not open a store at\n  {} ({origin})\n  \
-         error: {error}\n\
-         Every ledger test runs on SQLite AND on PostgreSQL; the PostgreSQL half is never \
-         skipped.\n\
-         Provide a server where the tests may create and drop schemas, either\n  \
-         {PG_URL_ENV}=postgres://USER[:PASSWORD]@HOST:PORT/DATABASE cargo test -p toolgate-ledger\n\
-         or a server on 127.0.0.1:5432 with a database `test` that user `postgres` may use \
-         without a password.\n{rule}\n",
-        redact(url)
-    )
-}
-
-/// The URL without its password.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    match rest[..at].split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_owned(),
-    }
-}
+pub(crate) use crate::testkit::{PgSchema, pg_url};
 
 /// How long a test waits for something before failing: not a timing assertion, only a bound
 /// that turns a hang into a failure naming what never happened.
