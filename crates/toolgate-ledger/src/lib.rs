@@ -27,7 +27,10 @@ mod steps;
 mod store;
 #[cfg(all(feature = "postgres", any(test, feature = "testkit")))]
 pub mod testkit;
+// The shared cases run on SQLite always and on PostgreSQL with `postgres-tests` (the
+// conformance suite needs a server; `cargo xtask ci` turns the feature on).
 #[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(not(feature = "postgres-tests"), allow(dead_code, unused_imports))]
 mod tests;
 mod verify;
 

@@ -31,7 +31,7 @@
 mod liveness;
 mod writer;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "postgres-tests"))]
 mod tests;
 
 use std::sync::Arc;

@@ -105,6 +105,7 @@ async fn sqlite_busy_is_transient_and_check_is_a_constraint() {
 }
 
 /// A lock wait that times out and a terminated backend are transient on PostgreSQL.
+#[cfg(feature = "postgres-tests")]
 #[tokio::test]
 async fn pg_lock_timeout_and_termination_are_transient() {
     let db = Db::pg().await;
@@ -161,6 +162,7 @@ async fn sqlite_missing_table_is_internal() {
     .await;
 }
 
+#[cfg(feature = "postgres-tests")]
 #[tokio::test]
 async fn pg_missing_table_is_internal() {
     let db = Db::pg().await;

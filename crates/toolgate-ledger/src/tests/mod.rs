@@ -53,6 +53,7 @@ macro_rules! on_both_backends {
                 test_body(Backend::Sqlite).await;
             }
 
+            #[cfg(feature = "postgres-tests")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn pg() {
                 test_body(Backend::Pg).await;

@@ -311,6 +311,7 @@ async fn sqlite_migration_keeps_existing_runs() {
     store.close().await;
 }
 
+#[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_migration_keeps_existing_runs() {
     let schema = PgSchema::fresh();
