@@ -14,7 +14,7 @@ use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_client::AdminServiceClient;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
-use crate::convert;
+use toolgate_server::convert;
 
 /// Where the gateway is and how to authenticate. Each command uses a token of its own role and
 /// never another role's: `TOOLGATE_AGENT_TOKEN` for `call`, `TOOLGATE_APPROVER_TOKEN` for
@@ -155,7 +155,7 @@ impl Connection {
 }
 
 fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
-    crate::server::refuse_shared_file(path, "token file")?;
+    toolgate_server::files::refuse_shared_file(path, "token file")?;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the token file {}", path.display()))?;
     let token = text.trim();
@@ -701,11 +701,11 @@ fn call_exit_code(status: &str) -> u8 {
 
 /// Runs `toolgate tools`.
 pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
-    let registry = crate::server::build_registry(
+    let registry = toolgate_server::build_registry(
         &[],
-        &crate::config::SlackSettings::default(),
-        &crate::config::ShopifySettings::default(),
-        &crate::config::AwsSettings::default(),
+        &toolgate_server::config::SlackSettings::default(),
+        &toolgate_server::config::ShopifySettings::default(),
+        &toolgate_server::config::AwsSettings::default(),
     )?;
     let catalog = Catalog::new(registry)?;
     let definitions: Vec<Value> = catalog
@@ -785,7 +785,7 @@ impl LedgerArgs {
         let inline = std::env::var("TOOLGATE_MASTER_KEYS")
             .ok()
             .filter(|keys| !keys.trim().is_empty());
-        let ring = crate::keys::read_key_ring(&self.key_file, inline.as_deref())?;
+        let ring = toolgate_server::keys::read_key_ring(&self.key_file, inline.as_deref())?;
         Ok(ring.map(|ring| Arc::new(ring) as Arc<dyn toolgate_core::AuditKeys>))
     }
 
@@ -794,9 +794,10 @@ impl LedgerArgs {
         &self,
         keys: Option<Arc<dyn toolgate_core::AuditKeys>>,
     ) -> anyhow::Result<Arc<dyn toolgate_ledger::Store>> {
-        let database = crate::storage::Database::parse(&self.database, self.schema.clone())
-            .map_err(|message| anyhow::anyhow!(message))?;
-        if let crate::storage::Database::Sqlite(path) = &database
+        let database =
+            toolgate_server::storage::Database::parse(&self.database, self.schema.clone())
+                .map_err(|message| anyhow::anyhow!(message))?;
+        if let toolgate_server::storage::Database::Sqlite(path) = &database
             && !path.exists()
         {
             bail!("no ledger at {}", path.display());
@@ -867,9 +868,9 @@ pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
             let text = checkpoint.to_text();
             match output {
                 Some(path) => {
-                    crate::server::write_private_file(&path, &text).with_context(|| {
-                        format!("cannot write the checkpoint {}", path.display())
-                    })?;
+                    toolgate_server::files::write_private_file(&path, &text).with_context(
+                        || format!("cannot write the checkpoint {}", path.display()),
+                    )?;
                 }
                 None => print_raw(&text),
             }
