@@ -430,19 +430,30 @@ fn run(mut command: Command) -> anyhow::Result<Output> {
 }
 
 /// `url` without its password.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+fn redact(text: &str) -> String {
+    let Ok(mut url) = url::Url::parse(text) else {
+        return "(unparsable URL)".to_owned();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, _)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            let at = rest[..authority_end].rfind('@').unwrap_or(0);
-            format!("{scheme}://{user}:***{}", &rest[at..])
-        }
-        _ => url.to_owned(),
+    if url.password().is_some() {
+        // Fails only for URLs that cannot have a password, which this one has.
+        let _ = url.set_password(Some("***"));
     }
+    // libpq also takes the password as a query parameter.
+    if url.query_pairs().any(|(key, _)| key.contains("password")) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(key, value)| {
+                let value = if key.contains("password") {
+                    "***".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (key.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
 }
 
 fn banner(lines: &[&str]) {
@@ -503,5 +514,10 @@ mod tests {
             redact("postgres://postgres@127.0.0.1:5432/test"),
             "postgres://postgres@127.0.0.1:5432/test"
         );
+        assert_eq!(
+            redact("postgres://u@db/test?sslmode=disable&password=hunter2"),
+            "postgres://u@db/test?sslmode=disable&password=***"
+        );
+        assert_eq!(redact("postgres://u:hunter2@@"), "(unparsable URL)");
     }
 }

@@ -1,15 +1,6 @@
 //! The `toolgate` binary: the gateway server and its command-line client.
 
-mod approvals;
-mod auth;
 mod cli;
-mod config;
-mod convert;
-mod drain;
-mod keys;
-mod server;
-mod services;
-mod storage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -121,14 +112,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             database,
         } => {
             let env: BTreeMap<String, String> = std::env::vars().collect();
-            let config = config::Config::load(
+            let config = toolgate_server::Config::load(
                 config.as_deref(),
                 &env,
                 listen.as_deref(),
                 database.as_deref(),
             )
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-            server::serve(config).await?;
+            toolgate_server::serve(config, shutdown_requests()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Admin { conn, command } => cli::admin(conn, command).await,
@@ -137,6 +128,31 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Call(args) => cli::call(args).await,
         Command::Tools { json } => cli::tools(json),
         Command::Ledger { command } => cli::ledger(command).await,
+    }
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM, each time one arrives: the first begins the drain, a second one
+/// stops waiting for the calls in flight.
+fn shutdown_requests() -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold((), |()| async {
+        shutdown_signal().await;
+        Some(((), ()))
+    })
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
     }
 }
 

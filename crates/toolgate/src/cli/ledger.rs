@@ -58,7 +58,7 @@ impl LedgerArgs {
         let inline = std::env::var("TOOLGATE_MASTER_KEYS")
             .ok()
             .filter(|keys| !keys.trim().is_empty());
-        let ring = crate::keys::read_key_ring(&self.key_file, inline.as_deref())?;
+        let ring = toolgate_server::keys::read_key_ring(&self.key_file, inline.as_deref())?;
         Ok(ring.map(|ring| Arc::new(ring) as Arc<dyn toolgate_core::AuditKeys>))
     }
 
@@ -67,9 +67,10 @@ impl LedgerArgs {
         &self,
         keys: Option<Arc<dyn toolgate_core::AuditKeys>>,
     ) -> anyhow::Result<Arc<dyn toolgate_ledger::Store>> {
-        let database = crate::storage::Database::parse(&self.database, self.schema.clone())
-            .map_err(|message| anyhow::anyhow!(message))?;
-        if let crate::storage::Database::Sqlite(path) = &database
+        let database =
+            toolgate_server::storage::Database::parse(&self.database, self.schema.clone())
+                .map_err(|message| anyhow::anyhow!(message))?;
+        if let toolgate_server::storage::Database::Sqlite(path) = &database
             && !path.exists()
         {
             bail!("no ledger at {}", path.display());
@@ -140,9 +141,9 @@ pub(crate) async fn ledger(command: LedgerCommand) -> anyhow::Result<ExitCode> {
             let text = checkpoint.to_text();
             match output {
                 Some(path) => {
-                    crate::server::write_private_file(&path, &text).with_context(|| {
-                        format!("cannot write the checkpoint {}", path.display())
-                    })?;
+                    toolgate_server::files::write_private_file(&path, &text).with_context(
+                        || format!("cannot write the checkpoint {}", path.display()),
+                    )?;
                 }
                 None => print_raw(&text),
             }

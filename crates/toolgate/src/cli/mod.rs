@@ -207,7 +207,7 @@ impl Connection {
 }
 
 fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
-    crate::server::refuse_shared_file(path, "token file")?;
+    toolgate_server::files::refuse_shared_file(path, "token file")?;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the token file {}", path.display()))?;
     let token = text.trim();

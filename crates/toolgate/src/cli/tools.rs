@@ -7,15 +7,15 @@ use toolgate_engine::Catalog;
 use toolgate_proto::v1 as pb;
 
 use super::output::{print_message, print_text};
-use crate::convert;
+use toolgate_server::convert;
 
 /// Runs `toolgate tools`.
 pub(crate) fn tools(as_json: bool) -> anyhow::Result<ExitCode> {
-    let registry = crate::server::build_registry(
+    let registry = toolgate_server::build_registry(
         &[],
-        &crate::config::SlackSettings::default(),
-        &crate::config::ShopifySettings::default(),
-        &crate::config::AwsSettings::default(),
+        &toolgate_server::config::SlackSettings::default(),
+        &toolgate_server::config::ShopifySettings::default(),
+        &toolgate_server::config::AwsSettings::default(),
     )?;
     let catalog = Catalog::new(registry)?;
     let definitions: Vec<pb::ToolDefinition> = catalog

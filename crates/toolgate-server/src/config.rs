@@ -12,34 +12,34 @@ use toolgate_engine::EngineConfig;
 use crate::storage::Database;
 
 /// The file read when `--config` is not given, if it exists.
-pub(crate) const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
+pub const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
 
 /// Validated gateway configuration.
 #[derive(Clone, Debug)]
-pub(crate) struct Config {
+pub struct Config {
     /// Where the gRPC server listens.
-    pub(crate) listen: SocketAddr,
+    pub listen: SocketAddr,
     /// How long a shutdown waits for calls in flight before abandoning them.
-    pub(crate) drain_timeout: Duration,
+    pub drain_timeout: Duration,
     /// The ledger: a SQLite file or a PostgreSQL database.
-    pub(crate) database: Database,
+    pub database: Database,
     /// Where the first admin token is written on first start.
-    pub(crate) admin_token_file: PathBuf,
+    pub admin_token_file: PathBuf,
     /// Connector families not to register.
-    pub(crate) disabled_connectors: Vec<String>,
+    pub disabled_connectors: Vec<String>,
     /// Where the master keys are kept (created on first start).
-    pub(crate) key_file: PathBuf,
+    pub key_file: PathBuf,
     /// Master keys given inline (`TOOLGATE_MASTER_KEYS`: `id=base64,id=base64`, last active);
     /// when set, the key file is not used and keys cannot be rotated online.
-    pub(crate) master_keys: Option<String>,
+    pub master_keys: Option<String>,
     /// Engine settings.
-    pub(crate) engine: EngineConfig,
+    pub engine: EngineConfig,
     /// The Slack connector's settings (`[connectors.slack]`).
-    pub(crate) slack: SlackSettings,
+    pub slack: SlackSettings,
     /// The Shopify connector's settings (`[connectors.shopify]`).
-    pub(crate) shopify: ShopifySettings,
+    pub shopify: ShopifySettings,
     /// The AWS connector's settings (`[connectors.aws]`).
-    pub(crate) aws: AwsSettings,
+    pub aws: AwsSettings,
 }
 
 /// `[connectors.aws]`: the AWS connector's endpoint override, default region and limits. Kept
@@ -47,41 +47,41 @@ pub(crate) struct Config {
 /// `aws` feature; the connector validates the values when it is built, before any port is bound.
 /// The endpoint override exists only here: a tenant's secret can never set it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct AwsSettings {
+pub struct AwsSettings {
     /// One endpoint for every AWS service (an emulator, a private gateway); `None`: AWS itself.
-    pub(crate) endpoint_url: Option<String>,
+    pub endpoint_url: Option<String>,
     /// The region for tenants whose secret names none; `None`: us-east-1.
-    pub(crate) default_region: Option<String>,
+    pub default_region: Option<String>,
     /// AWS requests one call runs at once; `None`: 4.
-    pub(crate) max_concurrency: Option<usize>,
+    pub max_concurrency: Option<usize>,
     /// Attempts per AWS request; `None`: 3.
-    pub(crate) max_attempts: Option<u32>,
+    pub max_attempts: Option<u32>,
     /// Items asked for per AWS page; `None`: 100.
-    pub(crate) page_size: Option<u32>,
+    pub page_size: Option<u32>,
 }
 
 /// `[connectors.shopify]`: which Admin API version the Shopify connector pins and which hosts
 /// besides `*.myshopify.com` a tenant's shop may name. Kept here, independent of the connector
 /// crate, so the table parses the same in builds without the `shopify` feature.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ShopifySettings {
+pub struct ShopifySettings {
     /// `YYYY-MM`; `None` keeps the connector's default (the newest stable release).
-    pub(crate) api_version: Option<String>,
+    pub api_version: Option<String>,
     /// Hosts a shop may name besides `*.myshopify.com`, exempt from the SSRF guard and allowed
     /// over plain http (e.g. `127.0.0.1` in tests).
-    pub(crate) allow_hosts: Vec<String>,
+    pub allow_hosts: Vec<String>,
 }
 
 /// `[connectors.slack]`: where the Slack connector sends requests. Kept here, independent of
 /// the connector crate, so the table parses the same in builds without the `slack` feature.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SlackSettings {
+pub struct SlackSettings {
     /// The Web API base; `None` keeps the connector's default (`https://slack.com/api`).
-    pub(crate) api_base_url: Option<String>,
+    pub api_base_url: Option<String>,
     /// Hosts exempt from the SSRF guard's address check (e.g. `127.0.0.1` in tests).
-    pub(crate) allow_hosts: Vec<String>,
+    pub allow_hosts: Vec<String>,
     /// Hosts incoming-webhook URLs may point at; `None` keeps `hooks.slack.com`.
-    pub(crate) webhook_hosts: Option<Vec<String>>,
+    pub webhook_hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -219,7 +219,7 @@ const ENV_OTHER: &[&str] = &[
 
 impl Config {
     /// Loads `file` (or `toolgate.toml` when present), applies `env`, validates.
-    pub(crate) fn load(
+    pub fn load(
         file: Option<&Path>,
         env: &BTreeMap<String, String>,
         listen_override: Option<&str>,

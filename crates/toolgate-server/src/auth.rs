@@ -1,5 +1,7 @@
 //! Bearer-token authentication. Tokens are random strings shown once; only their SHA-256 is
-//! stored. The tenant of every request comes from its token, never from the request body.
+//! stored. The tenant of every request comes from its token, never from the request body:
+//! [`Authenticated`] (the layer in front of each service) puts the [`Caller`] in the
+//! request's extensions, where the handlers read it with [`caller`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -8,9 +10,15 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use tonic::Status;
+use tonic::codegen::http;
 use toolgate_core::{AgentId, TenantId};
 use toolgate_ledger::{Role, Store, TokenRecord};
+
+use crate::status::ServiceError;
+
+mod layer;
+
+pub(crate) use layer::{AuthLayer, caller};
 
 /// Who is calling.
 #[derive(Clone, Debug)]
@@ -29,21 +37,9 @@ pub(crate) struct Caller {
 
 impl Caller {
     /// The tenant of an agent or approver token.
-    pub(crate) fn tenant(&self) -> Result<&TenantId, Status> {
-        self.tenant
-            .as_ref()
-            .ok_or_else(|| Status::permission_denied("this call needs a tenant token"))
+    pub(crate) fn tenant(&self) -> Result<&TenantId, ServiceError> {
+        self.tenant.as_ref().ok_or(ServiceError::NoTenant)
     }
-}
-
-/// PERMISSION_DENIED for a valid token of another role: the caller is known, the call is not
-/// theirs to make (a missing or unknown token is UNAUTHENTICATED instead).
-pub(crate) fn wrong_role(needed: Role, held: Role) -> Status {
-    Status::permission_denied(format!(
-        "PERMISSION_DENIED: this call needs an {} token, not an {} token",
-        needed.as_str(),
-        held.as_str()
-    ))
 }
 
 /// A freshly issued token: its stored record and the secret to show once.
@@ -107,27 +103,17 @@ impl Authenticator {
         }
     }
 
-    /// The caller of a request, or UNAUTHENTICATED.
-    pub(crate) async fn authenticate<T>(
+    /// The caller presenting `authorization` (the request's header), or UNAUTHENTICATED.
+    pub(crate) async fn authenticate(
         &self,
-        request: &tonic::Request<T>,
-    ) -> Result<Caller, Status> {
-        let header = request.metadata().get("authorization").ok_or_else(|| {
-            Status::unauthenticated(
-                "UNAUTHENTICATED: missing `authorization: Bearer <token>` metadata",
-            )
-        })?;
-        let header = header.to_str().map_err(|_| {
-            Status::unauthenticated("UNAUTHENTICATED: the authorization header is not text")
-        })?;
+        authorization: Option<&http::HeaderValue>,
+    ) -> Result<Caller, ServiceError> {
+        let header = authorization.ok_or(ServiceError::MissingToken)?;
+        let header = header.to_str().map_err(|_| ServiceError::TokenNotText)?;
         let token = header
             .strip_prefix("Bearer ")
             .or_else(|| header.strip_prefix("bearer "))
-            .ok_or_else(|| {
-                Status::unauthenticated(
-                    "UNAUTHENTICATED: the authorization header must be `Bearer <token>`",
-                )
-            })?
+            .ok_or(ServiceError::NotBearer)?
             .trim();
         let hash = hash_token(token);
         if let Some((caller, at)) = self.cache.read().expect("token cache lock").get(&hash)
@@ -137,15 +123,9 @@ impl Authenticator {
         }
         // A store failure answers by its kind, never with the database's text: the caller may
         // not even hold a token.
-        let record = self
-            .store
-            .find_token(&hash)
-            .await
-            .map_err(|e| crate::convert::store_status(&e))?;
+        let record = self.store.find_token(&hash).await?;
         let Some(record) = record.filter(|r| !r.revoked) else {
-            return Err(Status::unauthenticated(
-                "UNAUTHENTICATED: unknown or revoked token",
-            ));
+            return Err(ServiceError::UnknownToken);
         };
         let caller = Caller {
             token_id: record.id,
@@ -162,15 +142,19 @@ impl Authenticator {
         Ok(caller)
     }
 
-    /// Authenticates and requires `role`.
-    pub(crate) async fn require<T>(
+    /// Authenticates and requires `role` (a valid token of another role is PERMISSION_DENIED:
+    /// the caller is known, the call is not theirs to make).
+    pub(crate) async fn require(
         &self,
-        request: &tonic::Request<T>,
+        authorization: Option<&http::HeaderValue>,
         role: Role,
-    ) -> Result<Caller, Status> {
-        let caller = self.authenticate(request).await?;
+    ) -> Result<Caller, ServiceError> {
+        let caller = self.authenticate(authorization).await?;
         if caller.role != role {
-            return Err(wrong_role(role, caller.role));
+            return Err(ServiceError::WrongRole {
+                needed: role,
+                held: caller.role,
+            });
         }
         Ok(caller)
     }
@@ -186,41 +170,5 @@ impl Authenticator {
             .write()
             .expect("token cache lock")
             .retain(|_, (caller, _)| caller.token_id != token_id);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_wrong_role_is_permission_denied_and_says_so() {
-        let cases = [
-            (
-                Role::Admin,
-                Role::Agent,
-                "needs an admin token, not an agent token",
-            ),
-            (
-                Role::Agent,
-                Role::Admin,
-                "needs an agent token, not an admin token",
-            ),
-            (
-                Role::Approver,
-                Role::Agent,
-                "needs an approver token, not an agent token",
-            ),
-        ];
-        for (needed, held, says) in cases {
-            let status = wrong_role(needed, held);
-            assert_eq!(status.code(), tonic::Code::PermissionDenied);
-            assert!(status.message().contains(says), "{}", status.message());
-            assert!(
-                !status.message().contains("UNAUTHENTICATED"),
-                "{}",
-                status.message()
-            );
-        }
     }
 }

@@ -1,181 +1,97 @@
-//! `toolgate serve`: opens the ledger, registers the connectors, and serves gRPC.
+//! Serving: opens the ledger, issues the first admin token, wires the services behind
+//! authentication and the drain, and serves gRPC until a shutdown, then drains.
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt as _};
 use tokio::net::TcpListener;
-use toolgate_core::{Clock, Connector, SecretSource, SystemClock, ToolRegistry};
+use toolgate_core::{Clock, SecretSource, SystemClock, ToolRegistry};
 use toolgate_engine::{Catalog, Engine};
 use toolgate_ledger::{Role, Store};
 use toolgate_proto::v1::admin_service_server::AdminServiceServer;
 use toolgate_proto::v1::agent_service_server::AgentServiceServer;
 use toolgate_proto::v1::approval_service_server::ApprovalServiceServer;
 use toolgate_secrets::{ProcessEnvironment, Vault};
+use tower_layer::Layer as _;
 use tracing::{info, warn};
 
-use crate::approvals::ApprovalApi;
-use crate::auth::{Authenticator, issue_token};
-use crate::config::{AwsSettings, Config, ShopifySettings, SlackSettings};
+use crate::auth::{AuthLayer, Authenticator, issue_token};
+use crate::config::Config;
+use crate::connectors::build_registry;
 use crate::drain::{Drain, Draining};
+use crate::files::{refuse_shared_file, write_private_file};
 use crate::keys;
-use crate::services::{AdminApi, AgentApi, Shared};
+use crate::services::{AdminApi, AgentApi, ApprovalApi, Shared};
 
 /// How long a verified token is trusted before it is looked up again.
 const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
 
-/// The connectors compiled into this build, in registration order.
-pub(crate) fn compiled_connectors(
-    slack: &SlackSettings,
-    shopify: &ShopifySettings,
-    aws: &AwsSettings,
-) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
-    let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
-    add_slack(&mut connectors, slack)?;
-    add_shopify(&mut connectors, shopify)?;
-    add_aws(&mut connectors, aws)?;
-    add_testkit(&mut connectors);
-    Ok(connectors)
-}
-
-#[cfg(feature = "slack")]
-fn add_slack(
-    connectors: &mut Vec<Arc<dyn Connector>>,
-    settings: &SlackSettings,
+/// Runs the gateway with the connectors of this build on `config.listen` until `shutdown`
+/// yields, then drains it (see [`crate::drain`]): new calls are refused, running ones may finish
+/// until `server.drain_timeout_ms`, or until `shutdown` yields again.
+pub async fn serve(
+    config: Config,
+    shutdown: impl Stream<Item = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let defaults = toolgate_slack::SlackConfig::default();
-    let config = toolgate_slack::SlackConfig {
-        api_base_url: settings
-            .api_base_url
-            .clone()
-            .unwrap_or(defaults.api_base_url.clone()),
-        allow_hosts: settings.allow_hosts.clone(),
-        webhook_hosts: settings
-            .webhook_hosts
-            .clone()
-            .unwrap_or(defaults.webhook_hosts.clone()),
-        ..defaults
-    };
-    let connector = toolgate_slack::SlackConnector::new(config)
-        .context("connectors.slack in the configuration")?;
-    connectors.push(Arc::new(connector));
-    Ok(())
-}
-
-#[cfg(not(feature = "slack"))]
-fn add_slack(
-    _connectors: &mut Vec<Arc<dyn Connector>>,
-    _settings: &SlackSettings,
-) -> anyhow::Result<()> {
-    Ok(())
-}
-
-#[cfg(feature = "shopify")]
-fn add_shopify(
-    connectors: &mut Vec<Arc<dyn Connector>>,
-    settings: &ShopifySettings,
-) -> anyhow::Result<()> {
-    let defaults = toolgate_shopify::ShopifyConfig::default();
-    let config = toolgate_shopify::ShopifyConfig {
-        api_version: settings
-            .api_version
-            .clone()
-            .unwrap_or(defaults.api_version.clone()),
-        allow_hosts: settings.allow_hosts.clone(),
-        ..defaults
-    };
-    let connector = toolgate_shopify::ShopifyConnector::new(config)
-        .context("connectors.shopify in the configuration")?;
-    connectors.push(Arc::new(connector));
-    Ok(())
-}
-
-#[cfg(feature = "aws")]
-fn add_aws(connectors: &mut Vec<Arc<dyn Connector>>, settings: &AwsSettings) -> anyhow::Result<()> {
-    let defaults = toolgate_aws::AwsConfig::default();
-    let config = toolgate_aws::AwsConfig {
-        endpoint_url: settings.endpoint_url.clone(),
-        default_region: settings
-            .default_region
-            .clone()
-            .unwrap_or(defaults.default_region.clone()),
-        max_concurrency: settings.max_concurrency.unwrap_or(defaults.max_concurrency),
-        max_attempts: settings.max_attempts.unwrap_or(defaults.max_attempts),
-        page_size: settings.page_size.unwrap_or(defaults.page_size),
-    };
-    let connector =
-        toolgate_aws::AwsConnector::new(config).context("connectors.aws in the configuration")?;
-    connectors.push(Arc::new(connector));
-    Ok(())
-}
-
-#[cfg(not(feature = "shopify"))]
-fn add_shopify(
-    _connectors: &mut Vec<Arc<dyn Connector>>,
-    _settings: &ShopifySettings,
-) -> anyhow::Result<()> {
-    Ok(())
-}
-
-#[cfg(not(feature = "aws"))]
-fn add_aws(
-    _connectors: &mut Vec<Arc<dyn Connector>>,
-    _settings: &AwsSettings,
-) -> anyhow::Result<()> {
-    Ok(())
-}
-
-#[cfg(feature = "testkit")]
-fn add_testkit(connectors: &mut Vec<Arc<dyn Connector>>) {
-    connectors.push(Arc::new(toolgate_engine::testkit::TestkitConnector));
-}
-
-#[cfg(not(feature = "testkit"))]
-fn add_testkit(_connectors: &mut Vec<Arc<dyn Connector>>) {}
-
-/// Registers every compiled connector except the disabled families.
-pub(crate) fn build_registry(
-    disabled: &[String],
-    slack: &SlackSettings,
-    shopify: &ShopifySettings,
-    aws: &AwsSettings,
-) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors(slack, shopify, aws)?;
-    for family in disabled {
-        if !connectors.iter().any(|c| c.family() == family) {
-            let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();
-            bail!(
-                "connectors.disabled names `{family}`, which this build does not include (compiled connectors: {})",
-                if available.is_empty() {
-                    "none".to_owned()
-                } else {
-                    available.join(", ")
-                }
-            );
-        }
-    }
-    let mut registry = ToolRegistry::new();
-    for connector in connectors {
-        if disabled.iter().any(|family| family == connector.family()) {
-            continue;
-        }
-        registry.register(connector)?;
-    }
-    Ok(registry)
-}
-
-/// Runs the gateway until Ctrl-C or SIGTERM, then drains it (see [`crate::drain`]).
-pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = build_registry(
         &config.disabled_connectors,
         &config.slack,
         &config.shopify,
         &config.aws,
     )?;
+    run(config, registry, Bind::Address, shutdown.boxed(), started).await
+}
+
+/// [`serve`] with the tools of `registry` on a listener the caller bound (in-process tests
+/// bind port 0 and read the address).
+pub async fn serve_with(
+    config: Config,
+    registry: ToolRegistry,
+    listener: TcpListener,
+    shutdown: impl Stream<Item = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let bind = Bind::Listener(listener);
+    run(config, registry, bind, shutdown.boxed(), Instant::now()).await
+}
+
+/// Where the server listens: `config.listen`, bound once the ledger is ready, or a listener
+/// bound already.
+enum Bind {
+    Address,
+    Listener(TcpListener),
+}
+
+async fn bind(bind: Bind, address: SocketAddr) -> anyhow::Result<TcpListener> {
+    match bind {
+        Bind::Address => TcpListener::bind(address)
+            .await
+            .with_context(|| format!("cannot listen on {address}")),
+        Bind::Listener(listener) => Ok(listener),
+    }
+}
+
+/// The next shutdown request; a stream that has ended asks for none again.
+async fn requested(shutdown: &mut BoxStream<'static, ()>) {
+    if shutdown.next().await.is_none() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn run(
+    config: Config,
+    registry: ToolRegistry,
+    bind_to: Bind,
+    mut shutdown: BoxStream<'static, ()>,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let catalog = Arc::new(Catalog::new(registry)?);
     // Files holding secrets are checked before anything is opened or written; then the keys,
     // since the ledger MACs its audit events with chain keys derived from them.
@@ -241,9 +157,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     // replicas that died since (PostgreSQL) are settled like those found at start-up.
     tokio::spawn(sweep_loop(Arc::clone(&engine)));
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let listener = bind(bind_to, config.listen).await?;
     let local = listener.local_addr()?;
     // `Server::tcp_nodelay` does not apply to a listener handed in, so set it on the incoming
     // stream: without it, small responses wait for Nagle and delayed ACKs.
@@ -264,7 +178,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let drain = Drain::new();
     let shared = Shared {
         engine,
-        auth,
+        auth: Arc::clone(&auth),
         clock,
         keys: key_manager,
         drain: Arc::clone(&drain),
@@ -295,21 +209,27 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(Draining::new(
-            AgentServiceServer::new(AgentApi(shared.clone()))
-                .max_decoding_message_size(limits.decoding)
-                .max_encoding_message_size(limits.encoding),
+            AuthLayer::new(&auth, Role::Agent).layer(
+                AgentServiceServer::new(AgentApi(shared.clone()))
+                    .max_decoding_message_size(limits.decoding)
+                    .max_encoding_message_size(limits.encoding),
+            ),
             &drain,
         ))
         .add_service(Draining::new(
-            ApprovalServiceServer::new(ApprovalApi(shared.clone()))
-                .max_decoding_message_size(limits.decoding)
-                .max_encoding_message_size(limits.encoding),
+            AuthLayer::new(&auth, Role::Approver).layer(
+                ApprovalServiceServer::new(ApprovalApi(shared.clone()))
+                    .max_decoding_message_size(limits.decoding)
+                    .max_encoding_message_size(limits.encoding),
+            ),
             &drain,
         ))
         .add_service(Draining::new(
-            AdminServiceServer::new(AdminApi(shared))
-                .max_decoding_message_size(limits.decoding)
-                .max_encoding_message_size(limits.encoding),
+            AuthLayer::new(&auth, Role::Admin).layer(
+                AdminServiceServer::new(AdminApi(shared))
+                    .max_decoding_message_size(limits.decoding)
+                    .max_encoding_message_size(limits.encoding),
+            ),
             &drain,
         ))
         .serve_with_incoming_shutdown(incoming, async {
@@ -321,7 +241,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             served?;
             return Ok(());
         }
-        () = shutdown_signal() => {}
+        () = requested(&mut shutdown) => {}
     }
 
     // The shutdown: refuse new calls and end streams at once, let running calls finish until
@@ -352,7 +272,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             return Ok(());
         }
         idle = tokio::time::timeout_at(deadline, drain.idle()) => idle.is_ok(),
-        () = shutdown_signal() => false,
+        () = requested(&mut shutdown) => false,
     };
     let _ = stop.send(());
     let mut served = Ok(());
@@ -441,61 +361,6 @@ async fn bootstrap_admin_token(
         path.display()
     ));
     Ok(())
-}
-
-/// Refuses a file holding secrets (`what`: "key file", "admin token file", ...) when the group
-/// or others have any access to it, naming the command that fixes it, as ssh refuses a
-/// private key others can read. A missing file is not refused here.
-pub(crate) fn refuse_shared_file(path: &Path, what: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let metadata = match std::fs::metadata(path) {
-        Ok(metadata) => metadata,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => {
-            return Err(error)
-                .with_context(|| format!("cannot read the permissions of {}", path.display()));
-        }
-    };
-    let mode = metadata.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        anyhow::bail!(
-            "the {what} {} has mode {mode:04o}, so other users can read it: run `chmod 600 {}`, then try again",
-            path.display(),
-            path.display()
-        );
-    }
-    Ok(())
-}
-
-pub(crate) fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    // A pre-existing file keeps its mode on open; make sure it is private.
-    use std::os::unix::fs::PermissionsExt as _;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    file.write_all(contents.as_bytes())?;
-    file.sync_all()
-}
-
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM; a second one during the drain stops waiting.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = ctrl_c.await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => info!("SIGINT received"),
-        _ = term.recv() => info!("SIGTERM received"),
-    }
 }
 
 async fn forget_on_config_change(

@@ -9,14 +9,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::sync::watch;
-use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
 
-/// What a call refused during a shutdown is told.
-pub(crate) const SHUTTING_DOWN: &str =
-    "the gateway is shutting down; retry on another replica or once it is back";
+use crate::status::{ServiceError, status};
 
 /// Whether a shutdown has begun and how many calls are in flight, in one value so that a call
 /// is either counted before the shutdown begins or refused, never both nor neither.
@@ -123,7 +120,7 @@ where
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let Some(admitted) = self.drain.enter() else {
-            let refused = Status::unavailable(SHUTTING_DOWN).into_http();
+            let refused = status(ServiceError::ShuttingDown).into_http();
             return Box::pin(std::future::ready(Ok(refused)));
         };
         let answer = self.inner.call(request);

@@ -16,7 +16,7 @@ use toolgate_secrets::{
     StoredKind, Vault,
 };
 
-use crate::server::write_private_file;
+use crate::files::{refuse_shared_file, write_private_file};
 
 /// Where the key ring comes from, and whether it can change.
 #[derive(Debug)]
@@ -42,10 +42,7 @@ pub(crate) struct KeyManager {
 /// Reads the key ring for a command that must not create one (`ledger verify`, `ledger
 /// checkpoint`): `TOOLGATE_MASTER_KEYS` when set, else the key file; `None` when neither
 /// exists.
-pub(crate) fn read_key_ring(
-    key_file: &Path,
-    inline: Option<&str>,
-) -> anyhow::Result<Option<KeyRing>> {
+pub fn read_key_ring(key_file: &Path, inline: Option<&str>) -> anyhow::Result<Option<KeyRing>> {
     if inline.is_none() && !key_file.exists() {
         return Ok(None);
     }
@@ -84,7 +81,7 @@ pub(crate) fn load_key_ring(
         let ring = KeyRing::parse(&text)?;
         return Ok((ring, true));
     }
-    crate::server::refuse_shared_file(key_file, "key file")?;
+    refuse_shared_file(key_file, "key file")?;
     let text = std::fs::read_to_string(key_file)
         .with_context(|| format!("cannot read the key file {}", key_file.display()))?;
     let ring = KeyRing::parse(&text).with_context(|| format!("key file {}", key_file.display()))?;

@@ -1,5 +1,5 @@
-//! The config loader under generated input (where a fuzz target cannot reach it: it lives in
-//! the binary): TOML documents built from the known sections and keys, misspelled ones and
+//! The config loader under generated input (the fuzz targets cover the parsers of the other
+//! crates; this one is covered here): TOML documents built from the known sections and keys, misspelled ones and
 //! values of every type, with `TOOLGATE_*` variables beside them. Loading never panics, a
 //! refusal names what it refused, and what loads is validated.
 

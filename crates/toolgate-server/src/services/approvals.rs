@@ -4,12 +4,14 @@
 use tonic::{Request, Response, Status};
 use toolgate_core::{RunId, TenantId, ToolName};
 use toolgate_engine::{ResumeDecision, ResumeOutcome, ResumeRequest};
-use toolgate_ledger::{PendingFilter, PendingInvocation, PendingOrigin, Role};
+use toolgate_ledger::{PendingFilter, PendingInvocation, PendingOrigin};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::approval_service_server::ApprovalService;
 
-use crate::convert::{self, ledger_status, parse_id, status};
-use crate::services::Shared;
+use super::{Shared, page_size};
+use crate::auth::caller;
+use crate::convert::{self, parse_id};
+use crate::status::{ServiceError, status};
 
 /// The approver-facing service.
 #[derive(Debug, Clone)]
@@ -21,7 +23,7 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::ListPendingRequest>,
     ) -> Result<Response<pb::ListPendingResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Approver).await?;
+        let caller = caller(&request)?;
         let tenant = caller.tenant()?.clone();
         let body = request.into_inner();
         let filter = PendingFilter {
@@ -29,23 +31,23 @@ impl ApprovalService for ApprovalApi {
             tool: optional(&body.tool_name, |v| parse_id("tool_name", v, ToolName::new))?,
             origin: optional(&body.origin, |v| {
                 PendingOrigin::parse(v).ok_or_else(|| {
-                    Status::invalid_argument(format!(
-                        "origin: `{v}` is not one of APPROVAL_REQUIRED, POLICY_DENIED, EXECUTION_FAILED"
-                    ))
+                    ServiceError::invalid(
+                        "origin",
+                        format!(
+                            "`{v}` is not one of APPROVAL_REQUIRED, POLICY_DENIED, EXECUTION_FAILED"
+                        ),
+                    )
                 })
             })?,
         };
-        let limit = match body.page_size {
-            0 => 100,
-            n => n.min(1000),
-        };
+        let limit = page_size(body.page_size);
         let rows = self
             .0
             .engine
             .store()
             .list_pending(&tenant, &filter, limit)
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         let mut invocations = Vec::with_capacity(rows.len());
         for row in &rows {
             invocations.push(self.pending(&tenant, row).await?);
@@ -57,7 +59,7 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::GetPendingRequest>,
     ) -> Result<Response<pb::PendingInvocation>, Status> {
-        let caller = self.0.auth.require(&request, Role::Approver).await?;
+        let caller = caller(&request)?;
         let tenant = caller.tenant()?.clone();
         let id = request.into_inner().invocation_id;
         let row = self
@@ -66,8 +68,8 @@ impl ApprovalService for ApprovalApi {
             .store()
             .get_pending(&tenant, &id)
             .await
-            .map_err(ledger_status)?
-            .ok_or_else(|| Status::not_found(format!("pending invocation `{id}` not found")))?;
+            .map_err(status)?
+            .ok_or_else(|| ServiceError::NotFound(format!("pending invocation `{id}`")))?;
         Ok(Response::new(self.pending(&tenant, &row).await?))
     }
 
@@ -75,7 +77,7 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::ResumeRequest>,
     ) -> Result<Response<pb::ResumeResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Approver).await?;
+        let caller = caller(&request)?;
         let tenant = caller.tenant()?.clone();
         let approver = if caller.label.is_empty() {
             caller.token_id.clone()
@@ -89,9 +91,11 @@ impl ApprovalService for ApprovalApi {
             Ok(pb::ResumeDecision::Reject) => ResumeDecision::Reject,
             Ok(pb::ResumeDecision::Continue) => ResumeDecision::Continue,
             _ => {
-                return Err(Status::invalid_argument(
-                    "decision: must be APPROVE, REJECT or CONTINUE",
-                ));
+                return Err(ServiceError::invalid(
+                    "decision",
+                    "must be APPROVE, REJECT or CONTINUE",
+                )
+                .into());
             }
         };
         let outcome = self
@@ -174,14 +178,13 @@ impl ApprovalApi {
         &self,
         tenant: &TenantId,
         row: &PendingInvocation,
-    ) -> Result<pb::PendingInvocation, Status> {
+    ) -> Result<pb::PendingInvocation, ServiceError> {
         let call = self
             .0
             .engine
             .store()
             .get_tool_call(tenant, &row.tool_call_id)
-            .await
-            .map_err(ledger_status)?;
+            .await?;
         // What an approver sees of the arguments is what the ledger keeps of the call: its
         // redacted input (the row's own arguments are sealed, or not kept for a denial).
         let arguments_json = call
@@ -215,8 +218,8 @@ impl ApprovalApi {
 
 fn optional<T>(
     value: &str,
-    parse: impl FnOnce(&str) -> Result<T, Status>,
-) -> Result<Option<T>, Status> {
+    parse: impl FnOnce(&str) -> Result<T, ServiceError>,
+) -> Result<Option<T>, ServiceError> {
     if value.is_empty() {
         Ok(None)
     } else {

@@ -1,361 +1,26 @@
-//! The gRPC services: thin adapters that authenticate, convert wire types by hand and call
-//! the engine or the store.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! The operator-facing service: tenants, agents, tokens, grants, flags, policies, credentials
+//! and master keys, for admin tokens. Every change is audited with the calling token's id.
 
 use tonic::{Request, Response, Status};
-use toolgate_core::{AgentId, Clock, RunId, SecretName, TenantId, ToolCallId, ToolName};
-use toolgate_engine::{CreateRun, Engine, ExecuteRequest};
+use toolgate_core::{AgentId, SecretName, TenantId, ToolName};
 use toolgate_ledger::{Actor, Agent, CredentialKind, CredentialRecord, Permission, Role, Tenant};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_server::AdminService;
-use toolgate_proto::v1::agent_service_server::AgentService;
 
-use crate::auth::{Authenticator, Caller, issue_token};
-use crate::convert::{self, ledger_status, parse_id, status};
-use crate::keys::KeyManager;
-
-/// State shared by both services.
-#[derive(Debug, Clone)]
-pub(crate) struct Shared {
-    pub(crate) engine: Arc<Engine>,
-    pub(crate) auth: Arc<Authenticator>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) keys: Arc<KeyManager>,
-    /// The shutdown state: streams end when a shutdown begins.
-    pub(crate) drain: Arc<crate::drain::Drain>,
-}
-
-/// The agent-facing service.
-#[derive(Debug, Clone)]
-pub(crate) struct AgentApi(pub(crate) Shared);
+use super::Shared;
+use crate::auth::{Caller, caller, issue_token};
+use crate::convert::{self, parse_id};
+use crate::status::{ServiceError, status};
 
 /// The operator-facing service.
 #[derive(Debug, Clone)]
 pub(crate) struct AdminApi(pub(crate) Shared);
 
-impl AgentApi {
-    /// A run of the caller's tenant; a token bound to one agent sees only that agent's runs,
-    /// and anything else is NOT_FOUND, indistinguishable from a run that does not exist.
-    async fn caller_run(
-        &self,
-        tenant: &TenantId,
-        agent: Option<&AgentId>,
-        run_id: &RunId,
-    ) -> Result<toolgate_ledger::RunRecord, Status> {
-        let run = self
-            .0
-            .engine
-            .get_run(tenant, run_id)
-            .await
-            .map_err(status)?;
-        if agent.is_some_and(|a| *a != run.agent) {
-            return Err(Status::not_found(format!("run `{run_id}` not found")));
-        }
-        Ok(run)
-    }
-}
-
-fn agent_scope(caller: &Caller) -> Result<(TenantId, Option<AgentId>), Status> {
-    Ok((caller.tenant()?.clone(), caller.agent.clone()))
-}
-
-/// How often a watcher re-reads the ledger when nothing in this process announced events
-/// (events written by other processes sharing the database).
-const WATCH_POLL: Duration = Duration::from_millis(500);
-
-/// The stream of a WatchRun call.
-pub(crate) type RunEventStream =
-    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AgentService for AgentApi {
-    type WatchRunStream = RunEventStream;
-
-    async fn watch_run(
-        &self,
-        request: Request<pb::WatchRunRequest>,
-    ) -> Result<Response<RunEventStream>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let body = request.into_inner();
-        let run_id = parse_id("run_id", &body.run_id, RunId::new)?;
-        self.caller_run(&tenant, agent.as_ref(), &run_id).await?;
-        if body.after_cursor < 0 {
-            return Err(Status::invalid_argument(
-                "after_cursor: must be 0 or a cursor from an earlier event",
-            ));
-        }
-        let engine = Arc::clone(&self.0.engine);
-        let announcements = engine.subscribe_events();
-        let drain = Arc::clone(&self.0.drain);
-        let state = (
-            (engine, drain),
-            tenant,
-            run_id,
-            body.after_cursor,
-            announcements,
-            std::collections::VecDeque::new(),
-        );
-        let stream = futures::stream::unfold(
-            state,
-            |((engine, drain), tenant, run, mut cursor, mut announcements, mut buffered)| async move {
-                loop {
-                    if let Some(event) = buffered.pop_front() {
-                        return Some((
-                            Ok(event),
-                            (
-                                (engine, drain),
-                                tenant,
-                                run,
-                                cursor,
-                                announcements,
-                                buffered,
-                            ),
-                        ));
-                    }
-                    // A shutdown ends the stream cleanly; the client resumes from its last
-                    // cursor on another replica or after the restart.
-                    if drain.state().draining {
-                        return None;
-                    }
-                    // Mark the current announcement seen before reading, so a write that lands
-                    // after the read wakes the wait below.
-                    announcements.borrow_and_update();
-                    let events = match engine
-                        .store()
-                        .list_run_events(&tenant, &run, cursor, 100)
-                        .await
-                    {
-                        Ok(events) => events,
-                        Err(err) => {
-                            let status = convert::store_status(&err);
-                            return Some((
-                                Err(status),
-                                (
-                                    (engine, drain),
-                                    tenant,
-                                    run,
-                                    i64::MAX,
-                                    announcements,
-                                    buffered,
-                                ),
-                            ));
-                        }
-                    };
-                    if let Some(last) = events.last() {
-                        cursor = last.chain_seq;
-                        buffered.extend(events.iter().map(run_event));
-                        continue;
-                    }
-                    if cursor == i64::MAX {
-                        return None;
-                    }
-                    tokio::select! {
-                        changed = announcements.changed() => {
-                            if changed.is_err() {
-                                return None;
-                            }
-                        }
-                        () = tokio::time::sleep(WATCH_POLL) => {}
-                        () = drain.stopping() => return None,
-                    }
-                }
-            },
-        );
-        Ok(Response::new(Box::pin(stream)))
-    }
-
-    async fn create_run(
-        &self,
-        request: Request<pb::CreateRunRequest>,
-    ) -> Result<Response<pb::Run>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, bound_agent) = agent_scope(&caller)?;
-        let body = request.into_inner();
-        let agent = match (bound_agent, body.agent_id.as_str()) {
-            (Some(bound), "") => bound,
-            (Some(bound), asked) if bound.as_str() == asked => bound,
-            (Some(bound), asked) => {
-                return Err(Status::permission_denied(format!(
-                    "this token is bound to agent `{bound}` and cannot open runs for `{asked}`"
-                )));
-            }
-            (None, "") => return Err(Status::invalid_argument("agent_id: required")),
-            (None, asked) => parse_id("agent_id", asked, AgentId::new)?,
-        };
-        let run = (!body.run_id.is_empty()).then_some(body.run_id);
-        let max_calls = (body.max_calls != 0).then_some(body.max_calls);
-        let record = self
-            .0
-            .engine
-            .create_run(CreateRun {
-                tenant,
-                agent,
-                run,
-                max_calls,
-            })
-            .await
-            .map_err(status)?;
-        Ok(Response::new(convert::run(&record)))
-    }
-
-    async fn get_run(
-        &self,
-        request: Request<pb::GetRunRequest>,
-    ) -> Result<Response<pb::Run>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let run_id = parse_id("run_id", &request.get_ref().run_id, RunId::new)?;
-        let record = self.caller_run(&tenant, agent.as_ref(), &run_id).await?;
-        Ok(Response::new(convert::run(&record)))
-    }
-
-    async fn list_tools(
-        &self,
-        request: Request<pb::ListToolsRequest>,
-    ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let run_id = parse_id("run_id", &request.get_ref().run_id, RunId::new)?;
-        let specs = self
-            .0
-            .engine
-            .list_tools(&tenant, agent.as_ref(), &run_id)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::ListToolsResponse {
-            tools: specs.iter().map(|s| convert::tool_definition(s)).collect(),
-        }))
-    }
-
-    async fn execute_tool(
-        &self,
-        request: Request<pb::ExecuteToolRequest>,
-    ) -> Result<Response<pb::ToolCallResult>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let body = request.into_inner();
-        let outcome = self
-            .0
-            .engine
-            .execute(ExecuteRequest {
-                tenant,
-                agent,
-                run: body.run_id,
-                tool_use_id: body.tool_use_id,
-                tool: body.tool_name,
-                arguments_json: body.arguments_json,
-                correlation_id: body.correlation_id,
-                timeout: (body.timeout_ms != 0).then(|| Duration::from_millis(body.timeout_ms)),
-            })
-            .await
-            .map_err(status)?;
-        Ok(Response::new(convert::outcome(outcome)))
-    }
-
-    async fn await_tool_call(
-        &self,
-        request: Request<pb::AwaitToolCallRequest>,
-    ) -> Result<Response<pb::ToolCallResult>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let body = request.into_inner();
-        let id = parse_id("tool_call_id", &body.tool_call_id, ToolCallId::new)?;
-        let outcome = self
-            .0
-            .engine
-            .await_tool_call(
-                &tenant,
-                agent.as_ref(),
-                &id,
-                Duration::from_millis(body.timeout_ms),
-            )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(convert::outcome(outcome)))
-    }
-
-    async fn get_tool_call(
-        &self,
-        request: Request<pb::GetToolCallRequest>,
-    ) -> Result<Response<pb::ToolCall>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let id = parse_id(
-            "tool_call_id",
-            &request.get_ref().tool_call_id,
-            ToolCallId::new,
-        )?;
-        let record = self
-            .0
-            .engine
-            .get_tool_call(&tenant, &id)
-            .await
-            .map_err(status)?;
-        if agent.is_some_and(|a| a != record.agent) {
-            return Err(Status::not_found(format!("tool call `{id}` not found")));
-        }
-        Ok(Response::new(convert::tool_call(&record)))
-    }
-
-    async fn list_tool_calls(
-        &self,
-        request: Request<pb::ListToolCallsRequest>,
-    ) -> Result<Response<pb::ListToolCallsResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Agent).await?;
-        let (tenant, agent) = agent_scope(&caller)?;
-        let body = request.into_inner();
-        let run_id = parse_id("run_id", &body.run_id, RunId::new)?;
-        self.caller_run(&tenant, agent.as_ref(), &run_id).await?;
-        let after = if body.page_token.is_empty() {
-            None
-        } else {
-            Some(parse_id("page_token", &body.page_token, ToolCallId::new)?)
-        };
-        let limit = match body.page_size {
-            0 => 100,
-            n => n.min(1000),
-        };
-        let calls = self
-            .0
-            .engine
-            .store()
-            .list_tool_calls(&tenant, &run_id, after.as_ref(), limit)
-            .await
-            .map_err(ledger_status)?;
-        let full_page = calls.len() == usize::try_from(limit).unwrap_or(usize::MAX);
-        let next_page_token = match calls.last() {
-            Some(last) if full_page => last.id.to_string(),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListToolCallsResponse {
-            tool_calls: calls.iter().map(convert::tool_call).collect(),
-            next_page_token,
-        }))
-    }
-}
-
-fn run_event(event: &toolgate_ledger::AuditEvent) -> pb::RunEvent {
-    pb::RunEvent {
-        cursor: event.chain_seq,
-        kind: event.kind.clone(),
-        tool_call_id: event
-            .tool_call_id
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default(),
-        payload_json: event.payload.to_string(),
-        at_ms: event.at.0,
-    }
-}
-
-fn tenant_id(value: &str) -> Result<TenantId, Status> {
+fn tenant_id(value: &str) -> Result<TenantId, ServiceError> {
     parse_id("tenant_id", value, TenantId::new)
 }
 
-fn optional_agent(value: &str) -> Result<Option<AgentId>, Status> {
+fn optional_agent(value: &str) -> Result<Option<AgentId>, ServiceError> {
     if value.is_empty() {
         Ok(None)
     } else {
@@ -389,7 +54,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::CreateTenantRequest>,
     ) -> Result<Response<pb::Tenant>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let id = tenant_id(&body.tenant_id)?;
         let name = if body.name.trim().is_empty() {
@@ -407,22 +72,15 @@ impl AdminService for AdminApi {
             .store()
             .create_tenant(tenant.clone(), &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(convert::tenant(&tenant)))
     }
 
     async fn list_tenants(
         &self,
-        request: Request<pb::ListTenantsRequest>,
+        _request: Request<pb::ListTenantsRequest>,
     ) -> Result<Response<pb::ListTenantsResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
-        let tenants = self
-            .0
-            .engine
-            .store()
-            .list_tenants()
-            .await
-            .map_err(ledger_status)?;
+        let tenants = self.0.engine.store().list_tenants().await.map_err(status)?;
         Ok(Response::new(pb::ListTenantsResponse {
             tenants: tenants.iter().map(convert::tenant).collect(),
         }))
@@ -432,7 +90,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::CreateAgentRequest>,
     ) -> Result<Response<pb::Agent>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let agent = Agent {
             tenant: tenant_id(&body.tenant_id)?,
@@ -445,7 +103,7 @@ impl AdminService for AdminApi {
             .store()
             .create_agent(agent.clone(), &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(convert::agent(&agent)))
     }
 
@@ -453,7 +111,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let tenant = tenant_id(&request.get_ref().tenant_id)?;
         let agents = self
             .0
@@ -461,7 +118,7 @@ impl AdminService for AdminApi {
             .store()
             .list_agents(&tenant)
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::ListAgentsResponse {
             agents: agents.iter().map(convert::agent).collect(),
         }))
@@ -471,20 +128,22 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let role = Role::parse(&body.role).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "role: `{}` is not one of agent, approver, admin",
-                body.role
-            ))
+            ServiceError::invalid(
+                "role",
+                format!("`{}` is not one of agent, approver, admin", body.role),
+            )
         })?;
         let (tenant, agent) = match role {
             Role::Admin => {
                 if !body.tenant_id.is_empty() || !body.agent_id.is_empty() {
-                    return Err(Status::invalid_argument(
-                        "admin tokens belong to no tenant: leave tenant_id and agent_id empty",
-                    ));
+                    return Err(ServiceError::InvalidArgument(
+                        "admin tokens belong to no tenant: leave tenant_id and agent_id empty"
+                            .to_owned(),
+                    )
+                    .into());
                 }
                 (None, None)
             }
@@ -494,9 +153,11 @@ impl AdminService for AdminApi {
             ),
             Role::Approver => {
                 if !body.agent_id.is_empty() {
-                    return Err(Status::invalid_argument(
-                        "agent_id: approver tokens are not bound to an agent",
-                    ));
+                    return Err(ServiceError::invalid(
+                        "agent_id",
+                        "approver tokens are not bound to an agent",
+                    )
+                    .into());
                 }
                 (Some(tenant_id(&body.tenant_id)?), None)
             }
@@ -507,7 +168,7 @@ impl AdminService for AdminApi {
             .store()
             .create_token(issued.record.clone(), &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::CreateTokenResponse {
             token_id: issued.record.id,
             token: issued.secret,
@@ -518,7 +179,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let tenant = match request.get_ref().tenant_id.as_str() {
             "" => None,
             id => Some(tenant_id(id)?),
@@ -529,7 +189,7 @@ impl AdminService for AdminApi {
             .store()
             .list_tokens(tenant.as_ref())
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::ListTokensResponse {
             tokens: tokens.iter().map(token_info).collect(),
         }))
@@ -539,17 +199,17 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let id = request.into_inner().token_id;
         if id.is_empty() {
-            return Err(Status::invalid_argument("token_id: required"));
+            return Err(ServiceError::invalid("token_id", "required").into());
         }
         self.0
             .engine
             .store()
             .revoke_token(&id, &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         self.0.auth.forget_token(&id);
         Ok(Response::new(pb::RevokeTokenResponse {}))
     }
@@ -558,7 +218,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::SetPermissionRequest>,
     ) -> Result<Response<pb::Permission>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let tool = parse_id("tool_name", &body.tool_name, ToolName::new)?;
         if !self.0.engine.catalog().registry().contains(&tool) {
@@ -570,10 +230,14 @@ impl AdminService for AdminApi {
                 .names()
                 .map(ToString::to_string)
                 .collect();
-            return Err(Status::invalid_argument(format!(
-                "tool_name: `{tool}` is not served by this gateway; registered tools: {}",
-                known.join(", ")
-            )));
+            return Err(ServiceError::invalid(
+                "tool_name",
+                format!(
+                    "`{tool}` is not served by this gateway; registered tools: {}",
+                    known.join(", ")
+                ),
+            )
+            .into());
         }
         let permission = Permission {
             tenant: tenant_id(&body.tenant_id)?,
@@ -587,7 +251,7 @@ impl AdminService for AdminApi {
             .store()
             .put_permission(permission.clone(), &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(permission_pb(&permission)))
     }
 
@@ -595,7 +259,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListPermissionsRequest>,
     ) -> Result<Response<pb::ListPermissionsResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         let agent = optional_agent(&body.agent_id)?;
@@ -605,7 +268,7 @@ impl AdminService for AdminApi {
             .store()
             .list_permissions(&tenant, agent.as_ref())
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::ListPermissionsResponse {
             permissions: permissions.iter().map(permission_pb).collect(),
         }))
@@ -615,7 +278,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::SetFeatureFlagRequest>,
     ) -> Result<Response<pb::FeatureFlag>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         check_flag_name(&body.flag)?;
@@ -636,7 +299,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::GetFeatureFlagRequest>,
     ) -> Result<Response<pb::FeatureFlag>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         check_flag_name(&body.flag)?;
@@ -646,7 +308,7 @@ impl AdminService for AdminApi {
             .store()
             .get_flag(&tenant, &body.flag)
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::FeatureFlag {
             tenant_id: tenant.to_string(),
             flag: body.flag,
@@ -659,7 +321,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::PutPolicyRequest>,
     ) -> Result<Response<pb::PolicySet>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         let version = self
@@ -680,7 +342,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ValidatePolicyRequest>,
     ) -> Result<Response<pb::ValidatePolicyResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let errors = match self.0.engine.validate_policy(&request.get_ref().text) {
             Ok(()) => Vec::new(),
             Err(toolgate_engine::EngineError::InvalidPolicy(errors)) => errors,
@@ -696,7 +357,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::PolicySet>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let tenant = tenant_id(&request.get_ref().tenant_id)?;
         let (version, text, at) = self
             .0
@@ -714,9 +374,8 @@ impl AdminService for AdminApi {
 
     async fn get_policy_schema(
         &self,
-        request: Request<pb::GetPolicySchemaRequest>,
+        _request: Request<pb::GetPolicySchemaRequest>,
     ) -> Result<Response<pb::GetPolicySchemaResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         Ok(Response::new(pb::GetPolicySchemaResponse {
             cedar_schema: self.0.engine.catalog().policy_schema().cedar_schema_text(),
         }))
@@ -724,16 +383,15 @@ impl AdminService for AdminApi {
 
     async fn verify_ledger(
         &self,
-        request: Request<pb::VerifyLedgerRequest>,
+        _request: Request<pb::VerifyLedgerRequest>,
     ) -> Result<Response<pb::VerifyLedgerResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let report = self
             .0
             .engine
             .store()
             .verify_chains()
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(verify_response(&report)))
     }
 
@@ -741,10 +399,10 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::PutSecretRequest>,
     ) -> Result<Response<pb::SecretInfo>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         if body.value.is_empty() {
-            return Err(Status::invalid_argument("value: must not be empty"));
+            return Err(ServiceError::invalid("value", "must not be empty").into());
         }
         let record = self.credential(
             &caller,
@@ -758,7 +416,7 @@ impl AdminService for AdminApi {
             .keys
             .put_sealed(record, &body.value, &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(secret_info(&stored)))
     }
 
@@ -766,10 +424,10 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::PutSecretReferenceRequest>,
     ) -> Result<Response<pb::SecretInfo>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let reference = toolgate_secrets::Reference::parse(&body.reference)
-            .map_err(|e| Status::invalid_argument(format!("reference: {e}")))?;
+            .map_err(|e| ServiceError::invalid("reference", e))?;
         let mut record = self.credential(
             &caller,
             &body.tenant_id,
@@ -784,7 +442,7 @@ impl AdminService for AdminApi {
             .keys
             .put_reference(record.clone(), &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(secret_info(&record)))
     }
 
@@ -792,7 +450,6 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListSecretsRequest>,
     ) -> Result<Response<pb::ListSecretsResponse>, Status> {
-        self.0.auth.require(&request, Role::Admin).await?;
         let tenant = tenant_id(&request.get_ref().tenant_id)?;
         let records = self
             .0
@@ -800,7 +457,7 @@ impl AdminService for AdminApi {
             .store()
             .list_credentials(&tenant)
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::ListSecretsResponse {
             secrets: records.iter().map(secret_info).collect(),
         }))
@@ -810,7 +467,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::DeleteSecretRequest>,
     ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let body = request.into_inner();
         let tenant = tenant_id(&body.tenant_id)?;
         let name = parse_id("name", &body.name, SecretName::new)?;
@@ -818,7 +475,7 @@ impl AdminService for AdminApi {
             .keys
             .delete(&tenant, &name, &self.actor(&caller))
             .await
-            .map_err(ledger_status)?;
+            .map_err(status)?;
         Ok(Response::new(pb::DeleteSecretResponse {}))
     }
 
@@ -826,7 +483,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RotateKeyRequest>,
     ) -> Result<Response<pb::KeyRingInfo>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let ring = self
             .0
             .keys
@@ -840,7 +497,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RewrapSecretsRequest>,
     ) -> Result<Response<pb::RewrapSecretsResponse>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let (rewrapped, skipped) = self
             .0
             .keys
@@ -858,7 +515,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::RetireKeyRequest>,
     ) -> Result<Response<pb::KeyRingInfo>, Status> {
-        let caller = self.0.auth.require(&request, Role::Admin).await?;
+        let caller = caller(&request)?;
         let id = request.into_inner().key_id;
         let ring = self
             .0
@@ -885,16 +542,17 @@ impl AdminApi {
         name: &str,
         metadata_json: &str,
         notes: String,
-    ) -> Result<CredentialRecord, Status> {
+    ) -> Result<CredentialRecord, ServiceError> {
         let metadata = if metadata_json.trim().is_empty() {
             serde_json::json!({})
         } else {
             let value: serde_json::Value = serde_json::from_str(metadata_json).map_err(|e| {
-                Status::invalid_argument(format!("metadata_json: not valid JSON: {e}"))
+                ServiceError::invalid("metadata_json", format!("not valid JSON: {e}"))
             })?;
             if !value.is_object() {
-                return Err(Status::invalid_argument(
-                    "metadata_json: must be a JSON object",
+                return Err(ServiceError::invalid(
+                    "metadata_json",
+                    "must be a JSON object",
                 ));
             }
             self.0.engine.redactor().redact_json(&value)
@@ -918,9 +576,9 @@ impl AdminApi {
 /// A key ring change that failed: a store failure by its kind (no SQL text), anything else
 /// (a key that is in use, keys from the environment) as FAILED_PRECONDITION with its message.
 fn key_status(error: anyhow::Error) -> Status {
-    match error.downcast_ref::<toolgate_ledger::LedgerError>() {
-        Some(ledger) => convert::store_status(ledger),
-        None => Status::failed_precondition(format!("{error:#}")),
+    match error.downcast::<toolgate_ledger::LedgerError>() {
+        Ok(ledger) => status(ledger),
+        Err(other) => status(ServiceError::FailedPrecondition(format!("{other:#}"))),
     }
 }
 
@@ -949,7 +607,7 @@ fn key_ring_info(ring: &toolgate_secrets::KeyRing) -> pb::KeyRingInfo {
     }
 }
 
-pub(crate) fn verify_response(report: &toolgate_ledger::VerifyReport) -> pb::VerifyLedgerResponse {
+fn verify_response(report: &toolgate_ledger::VerifyReport) -> pb::VerifyLedgerResponse {
     let problem = report.first_problem.as_ref();
     pb::VerifyLedgerResponse {
         ok: problem.is_none(),
@@ -978,7 +636,7 @@ fn permission_pb(p: &Permission) -> pb::Permission {
     }
 }
 
-fn check_flag_name(flag: &str) -> Result<(), Status> {
+fn check_flag_name(flag: &str) -> Result<(), ServiceError> {
     let valid = !flag.is_empty()
         && flag.len() <= 64
         && flag
@@ -987,9 +645,12 @@ fn check_flag_name(flag: &str) -> Result<(), Status> {
     if valid {
         Ok(())
     } else {
-        Err(Status::invalid_argument(format!(
-            "flag: `{}` must be 1 to 64 of a-z, 0-9 and _ (e.g. tool_calling_enabled)",
-            flag.chars().take(64).collect::<String>()
-        )))
+        Err(ServiceError::invalid(
+            "flag",
+            format!(
+                "`{}` must be 1 to 64 of a-z, 0-9 and _ (e.g. tool_calling_enabled)",
+                flag.chars().take(64).collect::<String>()
+            ),
+        ))
     }
 }

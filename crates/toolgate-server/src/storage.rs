@@ -11,7 +11,7 @@ use toolgate_ledger::{PgOptions, PgStore, SqliteStore, Store};
 
 /// `storage.database` (and `storage.schema`), validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Database {
+pub enum Database {
     /// A SQLite file, created if missing.
     Sqlite(PathBuf),
     /// A PostgreSQL URL and the schema to keep the tables in (`None`: the server's default).
@@ -21,7 +21,7 @@ pub(crate) enum Database {
 impl Database {
     /// Reads `storage.database`: a `postgres://` or `postgresql://` URL, or a SQLite path
     /// (optionally `sqlite://path`). `schema` applies to PostgreSQL only.
-    pub(crate) fn parse(text: &str, schema: Option<String>) -> Result<Database, String> {
+    pub fn parse(text: &str, schema: Option<String>) -> Result<Database, String> {
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
             if let Some(schema) = &schema {
                 check_schema(schema)?;
@@ -48,7 +48,7 @@ impl Database {
 
     /// Opens (creating and migrating as needed) the store; its audit events are MAC'd with
     /// `keys`.
-    pub(crate) async fn open(&self, keys: Arc<dyn AuditKeys>) -> anyhow::Result<Arc<dyn Store>> {
+    pub async fn open(&self, keys: Arc<dyn AuditKeys>) -> anyhow::Result<Arc<dyn Store>> {
         match self {
             Database::Sqlite(path) => {
                 let store = SqliteStore::open_keyed(path, keys)
@@ -73,7 +73,7 @@ impl Database {
     /// read-only (no lock, no migration, no writes); PostgreSQL as usual (it has no single
     /// owner). Verification checks event MACs with `keys` (`None`: it says what it could not
     /// check).
-    pub(crate) async fn open_for_reading(
+    pub async fn open_for_reading(
         &self,
         keys: Option<Arc<dyn AuditKeys>>,
     ) -> anyhow::Result<Arc<dyn Store>> {
@@ -135,23 +135,15 @@ fn check_schema(schema: &str) -> Result<(), String> {
 }
 
 /// A PostgreSQL URL without its password or query (which may carry one), for display.
-fn without_secrets(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+fn without_secrets(text: &str) -> String {
+    let Ok(mut url) = url::Url::parse(text) else {
         return "postgres://(unparsable URL)".to_owned();
     };
-    let (authority, path) = match rest.find('/') {
-        Some(index) => rest.split_at(index),
-        None => (rest, ""),
-    };
-    let path = path.split('?').next().unwrap_or("");
-    let host = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{user}@{host}")
-        }
-        None => authority.to_owned(),
-    };
-    format!("{scheme}://{host}{path}")
+    // Setting the password fails only for URLs that cannot have one (no host): nothing to hide.
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
+    url.to_string()
 }
 
 #[cfg(test)]
@@ -206,5 +198,22 @@ mod tests {
         let shown = database.to_string();
         assert!(!shown.contains("hunter2"), "{shown}");
         assert_eq!(shown, "postgres://user@127.0.0.1:5432/test (schema tg)");
+    }
+
+    #[test]
+    fn display_keeps_where_and_drops_every_secret() {
+        let cases = [
+            ("postgres://127.0.0.1/test", "postgres://127.0.0.1/test"),
+            ("postgresql://u:p@db:5433", "postgresql://u@db:5433"),
+            (
+                "postgres://:pw@[::1]/x?sslpassword=pw#pw",
+                "postgres://[::1]/x",
+            ),
+            ("postgres://u%40x:p%3Aq@h/d", "postgres://u%40x@h/d"),
+            ("postgres://u:p@@@", "postgres://(unparsable URL)"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(without_secrets(url), shown, "{url}");
+        }
     }
 }
