@@ -485,14 +485,11 @@ impl Default for ExecutionLog {
 
 /// The PostgreSQL server the tests use: `TOOLGATE_TEST_PG_URL`, or the default.
 pub fn pg_url() -> String {
-    std::env::var("TOOLGATE_TEST_PG_URL")
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_PG_URL.to_owned())
+    toolgate_ledger::testkit::pg_url()
 }
 
 /// The URL used when `TOOLGATE_TEST_PG_URL` is unset.
-pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+pub const DEFAULT_PG_URL: &str = toolgate_ledger::testkit::PG_DEFAULT_URL;
 
 /// The master key every gateway of one [`PgSchema`] gets: replicas must share their master
 /// keys, or credentials sealed by one are unreadable by the other. Test-only.
@@ -514,8 +511,9 @@ pub fn unique_schema_name() -> String {
 /// it before the gateways (locals drop in reverse order: the gateways stop first).
 #[derive(Debug)]
 pub struct PgSchema {
-    url: String,
-    name: String,
+    /// The ledger's test schema: a unique name, dropped with this value (kept, and named,
+    /// when the test failed).
+    schema: toolgate_ledger::testkit::PgSchema,
     /// Holds the key file the gateways share.
     keys: tempfile::TempDir,
 }
@@ -524,34 +522,7 @@ impl PgSchema {
     /// Checks that the server answers (panicking with instructions when it does not) and picks
     /// a unique schema name.
     pub async fn new() -> PgSchema {
-        let url = pg_url();
-        let connected =
-            tokio::time::timeout(Duration::from_secs(15), sqlx::PgConnection::connect(&url)).await;
-        let problem = match connected {
-            Ok(Ok(connection)) => {
-                let _ = connection.close().await;
-                None
-            }
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some("no answer within 15 s".to_owned()),
-        };
-        if let Some(problem) = problem {
-            panic!(
-                "\n\n==================== PostgreSQL NOT REACHABLE ====================\n\
-                 this test needs PostgreSQL at {} ({}): {problem}\n\
-                 Provide one: set TOOLGATE_TEST_PG_URL=postgres://USER@HOST:PORT/DATABASE (a loopback \
-                 server the tests may create and drop schemas in), or run `cargo xtask ci`, which finds \
-                 a server on 127.0.0.1:5432 or starts one from the PostgreSQL server binaries \
-                 (initdb, pg_ctl).\n\
-                 ===================================================================\n",
-                redact_url(&url),
-                if std::env::var_os("TOOLGATE_TEST_PG_URL").is_some() {
-                    "from TOOLGATE_TEST_PG_URL"
-                } else {
-                    "the default; TOOLGATE_TEST_PG_URL is unset"
-                }
-            );
-        }
+        let schema = toolgate_ledger::testkit::PgSchema::new().await;
         let keys = tempfile::tempdir().expect("temp dir");
         std::fs::write(
             keys.path().join("toolgate-keys"),
@@ -567,16 +538,12 @@ impl PgSchema {
             )
             .expect("make the shared key file private");
         }
-        PgSchema {
-            url,
-            name: unique_schema_name(),
-            keys,
-        }
+        PgSchema { schema, keys }
     }
 
     /// The schema's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.schema.name()
     }
 
     /// The master key file the gateways share.
@@ -586,7 +553,7 @@ impl PgSchema {
 
     /// The database URL.
     pub fn url(&self) -> &str {
-        &self.url
+        self.schema.url()
     }
 
     /// Options for a gateway in this schema: the database URL, the schema, the shared master
@@ -598,8 +565,8 @@ impl PgSchema {
     pub fn options(&self) -> GatewayOptions {
         let key_file = self.keys.path().join("toolgate-keys");
         GatewayOptions::new()
-            .database(&self.url)
-            .schema(&self.name)
+            .database(self.url())
+            .schema(self.name())
             .env(
                 "TOOLGATE_KEY_FILE",
                 key_file.to_str().expect("UTF-8 temp path"),
@@ -608,55 +575,7 @@ impl PgSchema {
 
     /// The tables in the schema: a gateway really on this schema has migrated it.
     pub async fn tables(&self) -> Vec<String> {
-        let mut connection = sqlx::PgConnection::connect(&self.url)
-            .await
-            .expect("connect to the test PostgreSQL");
-        let tables = sqlx::query_scalar::<_, String>(
-            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
-        )
-        .bind(&self.name)
-        .fetch_all(&mut connection)
-        .await
-        .expect("list the schema's tables");
-        let _ = connection.close().await;
-        tables
-    }
-
-    async fn drop_schema(url: &str, name: &str) -> Result<(), sqlx::Error> {
-        // The name is ours (`unique_schema_name`); checked anyway before it goes into SQL.
-        assert!(
-            name.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
-            "unexpected schema name {name:?}"
-        );
-        let sql = format!("SET lock_timeout = '30s'; DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
-        let mut connection = sqlx::PgConnection::connect(url).await?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut connection)
-            .await?;
-        connection.close().await
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let name = self.name.clone();
-        // Drop may run inside the test's runtime, which cannot be blocked on: use a thread with
-        // its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime for the schema cleanup");
-            runtime.block_on(PgSchema::drop_schema(&url, &name))
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("warning: cannot drop test schema {}: {e}", self.name),
-            Err(_) => eprintln!("warning: cannot drop test schema {}", self.name),
-        }
+        self.schema.tables().await
     }
 }
 

@@ -63,7 +63,8 @@ impl Place {
         match self {
             Place::Sqlite(dir) => drop(dir),
             #[cfg(feature = "postgres-tests")]
-            Place::Pg(schema) => schema.drop_schema().await,
+            // The last handle drops the schema (stores are closed by then).
+            Place::Pg(schema) => drop(schema),
         }
     }
 
@@ -71,7 +72,7 @@ impl Place {
         match (self, other) {
             (Place::Sqlite(a), Place::Sqlite(b)) => Arc::ptr_eq(a, b),
             #[cfg(feature = "postgres-tests")]
-            (Place::Pg(a), Place::Pg(b)) => a.name == b.name,
+            (Place::Pg(a), Place::Pg(b)) => a.name() == b.name(),
             #[cfg(feature = "postgres-tests")]
             _ => false,
         }
@@ -117,11 +118,9 @@ where
         kind,
         resources: Arc::default(),
     };
-    #[cfg(feature = "postgres-tests")]
-    let report = KeptOnFailure(backend.clone());
+    // A failing test unwinds past the clean-up: its PostgreSQL schemas are then kept, and
+    // named, by their own drop.
     test(backend.clone()).await;
-    #[cfg(feature = "postgres-tests")]
-    drop(report);
     backend.clean_up().await;
 }
 
@@ -136,7 +135,7 @@ impl Backend {
         match self.kind {
             Kind::Sqlite => Place::Sqlite(Arc::new(tempfile::tempdir().expect("temp dir"))),
             #[cfg(feature = "postgres-tests")]
-            Kind::Pg => Place::Pg(super::postgres::Schema::fresh()),
+            Kind::Pg => Place::Pg(super::postgres::fresh_schema()),
         }
     }
 
@@ -177,19 +176,3 @@ impl Backend {
     }
 }
 
-/// Says, when a test fails, which PostgreSQL schemas it leaves behind for inspection.
-#[cfg(feature = "postgres-tests")]
-struct KeptOnFailure(Backend);
-
-#[cfg(feature = "postgres-tests")]
-impl Drop for KeptOnFailure {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for place in &self.0.lock().places {
-                if let Place::Pg(schema) = place {
-                    schema.report_kept();
-                }
-            }
-        }
-    }
-}

@@ -16,8 +16,7 @@
 //! acquire timeouts would fire at once.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sqlx::Connection as _;
 use toolgate_core::{ErrorCode, ToolCallStatus};
@@ -30,131 +29,13 @@ use super::{ADMIN_TOKEN, Harness, harness, open_harness};
 use crate::testkit::TestkitConnector;
 use crate::{Catalog, Engine, EngineError, ResumeDecision, ResumeOutcome};
 
-/// The variable naming the test PostgreSQL server.
-const PG_URL_ENV: &str = "TOOLGATE_TEST_PG_URL";
-/// The server used when the variable is unset.
-const PG_DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// One test ledger on the test server: a schema of its own (the ledger's test support:
+/// a unique name, dropped when the last handle goes, kept and named when the test failed).
+pub(super) type Schema = Arc<toolgate_ledger::testkit::PgSchema>;
 
-/// One test ledger on the test server: a schema of its own.
-#[derive(Clone, Debug)]
-pub(super) struct Schema {
-    url: String,
-    pub(super) name: String,
-}
-
-impl Schema {
-    /// A schema name never used, on the test server.
-    pub(super) fn fresh() -> Schema {
-        Schema {
-            url: pg_url(),
-            name: unique_schema(),
-        }
-    }
-
-    /// A store on this schema (creating and migrating it the first time).
-    pub(super) async fn open(&self) -> PgStore {
-        let options = PgOptions {
-            url: self.url.clone(),
-            schema: Some(self.name.clone()),
-        };
-        match PgStore::connect(&options).await {
-            Ok(store) => store,
-            Err(error) => panic!("{}", unreachable_message(&self.url, &error.to_string())),
-        }
-    }
-
-    pub(super) async fn drop_schema(self) {
-        let mut conn = sqlx::PgConnection::connect(&self.url)
-            .await
-            .unwrap_or_else(|error| {
-                panic!("{}", unreachable_message(&self.url, &error.to_string()))
-            });
-        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|error| {
-                panic!("could not drop the test schema {}: {error}", self.name)
-            });
-        let _ = conn.close().await;
-    }
-
-    /// Says that a failed test leaves this schema for inspection.
-    pub(super) fn report_kept(&self) {
-        eprintln!(
-            "test failed: PostgreSQL schema {schema} kept for inspection in {} \
-             (drop it with DROP SCHEMA {schema} CASCADE)",
-            redact_url(&self.url),
-            schema = self.name,
-        );
-    }
-}
-
-/// The test server's URL: `TOOLGATE_TEST_PG_URL`, or the default.
-fn pg_url() -> String {
-    std::env::var(PG_URL_ENV)
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| PG_DEFAULT_URL.to_owned())
-}
-
-/// `tg_e_<pid>_<counter>_<nanos>`: unique across the tests of this process (counter) and across
-/// processes and runs (pid, time), lowercase, well under PostgreSQL's 63 characters.
-fn unique_schema() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "tg_e_{}_{}_{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn unreachable_message(url: &str, error: &str) -> String {
-    let origin = if std::env::var(PG_URL_ENV).is_ok_and(|url| !url.trim().is_empty()) {
-        format!("from {PG_URL_ENV}")
-    } else {
-        format!("the default; {PG_URL_ENV} is not set")
-    };
-    format!(
-        "\n\n==================== PostgreSQL NOT AVAILABLE ====================\n\
-         The toolgate-engine tests of the `postgres-tests` feature need PostgreSQL, and it\n\
-         could not be reached or set up. These tests are never skipped.\n\
-         \n  URL:   {} ({origin})\n  error: {error}\n\n\
-         Start a server there, or set {PG_URL_ENV}=postgres://USER@HOST:PORT/DATABASE to one\n\
-         where USER may create and drop schemas (`cargo xtask ci` finds or starts one).\n\
-         ==================================================================\n",
-        redact_url(url)
-    )
-}
-
-/// The URL without its password, for messages.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[test]
-fn urls_are_shown_without_their_password() {
-    assert_eq!(
-        redact_url("postgres://u:secret@h:5432/db"),
-        "postgres://u:***@h:5432/db"
-    );
-    assert_eq!(redact_url(PG_DEFAULT_URL), PG_DEFAULT_URL);
-    assert_eq!(redact_url("not a url"), "not a url");
+/// A schema name never used, on the test server.
+pub(super) fn fresh_schema() -> Schema {
+    Arc::new(toolgate_ledger::testkit::PgSchema::fresh())
 }
 
 impl Harness {
@@ -377,7 +258,7 @@ struct TestRole {
 
 impl TestRole {
     async fn create() -> TestRole {
-        let mut admin = sqlx::PgConnection::connect(&pg_url())
+        let mut admin = sqlx::PgConnection::connect(&toolgate_ledger::testkit::pg_url())
             .await
             .expect("connect to the test PostgreSQL");
         let nanos = std::time::SystemTime::now()
@@ -399,7 +280,7 @@ impl TestRole {
 
     /// The test server's URL as this role.
     fn url(&self) -> String {
-        let url = pg_url();
+        let url = toolgate_ledger::testkit::pg_url();
         let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
         let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
         format!("{scheme}://{}:{}@{host}", self.name, self.password)
@@ -477,7 +358,7 @@ async fn a_replica_that_loses_its_lock_starts_no_calls_and_never_contradicts_the
     let mut role = TestRole::create().await;
     let options = PgOptions {
         url: role.url(),
-        schema: Some(schema.name.clone()),
+        schema: Some(schema.name().to_owned()),
     };
     let a_store = Arc::new(PgStore::connect(&options).await.unwrap());
     let mut registry = toolgate_core::ToolRegistry::new();
