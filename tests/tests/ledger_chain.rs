@@ -292,15 +292,19 @@ async fn tampering_with_a_copy_of_the_sqlite_ledger_is_detected() {
         conn.close().await.unwrap();
         row
     };
-    let hash = legacy_hash(
+    // The unkeyed SHA-256 of the format before the keyed chain, as anyone can compute it.
+    let hash = toolgate_ledger::event_hash(
         &prev_hash,
-        "acme",
-        last,
-        &kind,
-        run.as_deref(),
-        call.as_deref(),
-        "{}",
-        at,
+        &toolgate_ledger::EventFields {
+            tenant: "acme",
+            chain_seq: last,
+            kind: &kind,
+            run: run.as_deref(),
+            tool_call_id: call.as_deref(),
+            payload: "{}",
+            at,
+            binding: None,
+        },
     );
     tamper_sqlite(
         &copy,
@@ -410,61 +414,6 @@ async fn tampering_with_a_copy_of_the_sqlite_ledger_is_detected() {
         "{}",
         refused.stderr
     );
-}
-
-/// The unkeyed SHA-256 of the format before the keyed chain (`toolgate-ledger`'s `chain.rs`).
-#[allow(clippy::too_many_arguments)] // One argument per hashed field, as in the ledger.
-fn legacy_hash(
-    prev: &str,
-    tenant: &str,
-    chain_seq: i64,
-    kind: &str,
-    run: Option<&str>,
-    call: Option<&str>,
-    payload: &str,
-    at: i64,
-) -> String {
-    fn put(out: &mut Vec<u8>, bytes: &[u8]) {
-        out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
-        out.extend_from_slice(bytes);
-    }
-    fn optional(out: &mut Vec<u8>, value: Option<&str>) {
-        match value {
-            None => out.push(0),
-            Some(text) => {
-                out.push(1);
-                put(out, text.as_bytes());
-            }
-        }
-    }
-    let mut input = Vec::new();
-    put(&mut input, b"toolgate.audit_event.v1");
-    put(&mut input, prev.as_bytes());
-    put(&mut input, tenant.as_bytes());
-    input.extend_from_slice(&chain_seq.to_be_bytes());
-    put(&mut input, kind.as_bytes());
-    optional(&mut input, run);
-    optional(&mut input, call);
-    put(&mut input, payload.as_bytes());
-    input.extend_from_slice(&at.to_be_bytes());
-    sha256_hex(&input)
-}
-
-/// SHA-256 through Python's hashlib (the end-to-end package has no hash crate of its own).
-fn sha256_hex(input: &[u8]) -> String {
-    use std::io::Write as _;
-    let mut child = Command::new("python3")
-        .args([
-            "-c",
-            "import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let output = child.wait_with_output().unwrap();
-    String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,28 +24,19 @@ pub const GENESIS_HASH: &str = "000000000000000000000000000000000000000000000000
 /// Separates this hash from any other SHA-256 use; bump the version if the encoding changes.
 const DOMAIN_TAG: &[u8] = b"toolgate.audit_event.v1";
 
-/// The hex SHA-256 of one audit event, chained to `prev_hash`.
-#[allow(clippy::too_many_arguments)] // One argument per hashed field keeps the input explicit.
-pub fn event_hash(
-    prev_hash: &str,
-    tenant: &str,
-    chain_seq: i64,
-    kind: &str,
-    run: Option<&str>,
-    tool_call_id: Option<&str>,
-    payload_json: &str,
-    at_ms: i64,
-) -> String {
+/// The hex SHA-256 of one legacy (unkeyed) audit event, chained to `prev_hash`. The legacy
+/// hash predates bindings: `fields.binding` is not part of it.
+pub fn event_hash(prev_hash: &str, fields: &EventFields<'_>) -> String {
     let mut hasher = Sha256::new();
     put_text(&mut hasher, DOMAIN_TAG);
     put_text(&mut hasher, prev_hash.as_bytes());
-    put_text(&mut hasher, tenant.as_bytes());
-    Sink::update(&mut hasher, chain_seq.to_be_bytes());
-    put_text(&mut hasher, kind.as_bytes());
-    put_optional(&mut hasher, run);
-    put_optional(&mut hasher, tool_call_id);
-    put_text(&mut hasher, payload_json.as_bytes());
-    Sink::update(&mut hasher, at_ms.to_be_bytes());
+    put_text(&mut hasher, fields.tenant.as_bytes());
+    Sink::update(&mut hasher, fields.chain_seq.to_be_bytes());
+    put_text(&mut hasher, fields.kind.as_bytes());
+    put_optional(&mut hasher, fields.run);
+    put_optional(&mut hasher, fields.tool_call_id);
+    put_text(&mut hasher, fields.payload.as_bytes());
+    Sink::update(&mut hasher, fields.at.to_be_bytes());
     hex::encode(hasher.finalize())
 }
 
@@ -54,15 +45,23 @@ const KEYED_DOMAIN_TAG: &[u8] = b"toolgate.audit_event.v2";
 
 /// The fields of one event that its hash or MAC covers, besides its predecessor's hash.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct EventFields<'a> {
-    pub(crate) tenant: &'a str,
-    pub(crate) chain_seq: i64,
-    pub(crate) kind: &'a str,
-    pub(crate) run: Option<&'a str>,
-    pub(crate) tool_call_id: Option<&'a str>,
-    pub(crate) payload: &'a str,
-    pub(crate) at: i64,
-    pub(crate) binding: Option<&'a str>,
+pub struct EventFields<'a> {
+    /// The chain's tenant (or the system chain).
+    pub tenant: &'a str,
+    /// The event's position in its chain.
+    pub chain_seq: i64,
+    /// The event kind (`tool_call.requested`, ...).
+    pub kind: &'a str,
+    /// The run, if the event belongs to one.
+    pub run: Option<&'a str>,
+    /// The call, if the event belongs to one.
+    pub tool_call_id: Option<&'a str>,
+    /// The payload JSON, as stored.
+    pub payload: &'a str,
+    /// When, in milliseconds since the epoch.
+    pub at: i64,
+    /// The call content bound into the event (keyed events only).
+    pub binding: Option<&'a str>,
 }
 
 /// The hex HMAC-SHA-256 of a keyed event under the chain key of `key_id`; `None` when that
@@ -98,16 +97,7 @@ pub(crate) fn new_link(
     match keys {
         None => Ok((
             None,
-            event_hash(
-                prev_hash,
-                fields.tenant,
-                fields.chain_seq,
-                fields.kind,
-                fields.run,
-                fields.tool_call_id,
-                fields.payload,
-                fields.at,
-            ),
+            event_hash(prev_hash, fields),
         )),
         Some(keys) => {
             let key_id = keys.active_key_id();
@@ -229,16 +219,17 @@ mod tests {
 
     impl Fields<'_> {
         fn hash(self) -> String {
-            event_hash(
-                self.prev,
-                self.tenant,
-                self.seq,
-                self.kind,
-                self.run,
-                self.call,
-                self.payload,
-                self.at,
-            )
+            let fields = EventFields {
+                tenant: self.tenant,
+                chain_seq: self.seq,
+                kind: self.kind,
+                run: self.run,
+                tool_call_id: self.call,
+                payload: self.payload,
+                at: self.at,
+                binding: None,
+            };
+            event_hash(self.prev, &fields)
         }
     }
 

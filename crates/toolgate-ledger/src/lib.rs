@@ -34,7 +34,7 @@ pub mod testkit;
 mod tests;
 mod verify;
 
-pub use chain::{GENESIS_HASH, event_hash};
+pub use chain::{EventFields, GENESIS_HASH, event_hash};
 pub use checkpoint::{CHECKPOINT_FORMAT, Checkpoint, CheckpointAuth};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;

@@ -52,7 +52,7 @@ use crate::ops::{Command, Counters, OpKind, Reply, WriteOp, WriterStats};
 use crate::rows::{call_columns, call_from_row, read_error};
 use crate::verify::VerifyWith;
 use liveness::Liveness;
-use writer::Writer;
+use writer::{Writer, WriterSetup};
 
 /// The schema, embedded at compile time.
 static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -222,16 +222,16 @@ impl PgStore {
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         tokio::spawn(
-            Writer::new(
+            Writer::new(WriterSetup {
                 conn,
-                writer_options,
+                options: writer_options,
                 rx,
-                Arc::clone(&counters),
+                counters: Arc::clone(&counters),
                 instance,
                 channel,
-                config,
-                keys.clone(),
-            )
+                config_channel: config,
+                keys: keys.clone(),
+            })
             .run(),
         );
         Ok(PgStore {

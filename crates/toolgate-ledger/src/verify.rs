@@ -388,13 +388,16 @@ impl StoredEvent {
         match &self.key_id {
             None => Some(event_hash(
                 &self.prev_hash,
-                tenant,
-                chain_seq,
-                &self.kind,
-                self.run.as_deref(),
-                self.tool_call_id.as_deref(),
-                &self.payload,
-                self.at,
+                &EventFields {
+                    tenant,
+                    chain_seq,
+                    kind: &self.kind,
+                    run: self.run.as_deref(),
+                    tool_call_id: self.tool_call_id.as_deref(),
+                    payload: &self.payload,
+                    at: self.at,
+                    binding: None,
+                },
             )),
             Some(key_id) => {
                 let fields = EventFields {

@@ -73,18 +73,38 @@ enum BatchError {
     Failed(LedgerError),
 }
 
+/// What `PgStore::connect` hands its writer: the writer's whole state but its caches.
+pub(super) struct WriterSetup {
+    /// The writer's own connection.
+    pub(super) conn: PgConnection,
+    /// How to connect again after losing it.
+    pub(super) options: PgConnectOptions,
+    /// The store's queue of writes.
+    pub(super) rx: mpsc::Receiver<Command>,
+    /// The store's counters.
+    pub(super) counters: Arc<Counters>,
+    /// This store's instance key (its advisory lock).
+    pub(super) instance: i64,
+    /// The channel notified at each commit of events.
+    pub(super) channel: String,
+    /// The channel notified at each configuration change.
+    pub(super) config_channel: String,
+    /// The keys events are MAC'd with; `None` writes legacy (unkeyed) hashes.
+    pub(super) keys: Option<Arc<dyn AuditKeys>>,
+}
+
 impl Writer {
-    #[allow(clippy::too_many_arguments)] // The writer's whole state, each part from `connect`.
-    pub(super) fn new(
-        conn: PgConnection,
-        options: PgConnectOptions,
-        rx: mpsc::Receiver<Command>,
-        counters: Arc<Counters>,
-        instance: i64,
-        channel: String,
-        config_channel: String,
-        keys: Option<Arc<dyn AuditKeys>>,
-    ) -> Writer {
+    pub(super) fn new(setup: WriterSetup) -> Writer {
+        let WriterSetup {
+            conn,
+            options,
+            rx,
+            counters,
+            instance,
+            channel,
+            config_channel,
+            keys,
+        } = setup;
         Writer {
             conn: Some(conn),
             options,

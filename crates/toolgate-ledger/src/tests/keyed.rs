@@ -182,13 +182,16 @@ fn recompute_from(events: &[Row], from: i64, payload: &str) -> Vec<String> {
         };
         let hash = crate::chain::event_hash(
             &prev,
-            "acme",
-            event.chain_seq,
-            &event.kind,
-            event.run.as_deref(),
-            event.call.as_deref(),
-            &text,
-            event.at,
+            &crate::EventFields {
+                tenant: "acme",
+                chain_seq: event.chain_seq,
+                kind: &event.kind,
+                run: event.run.as_deref(),
+                tool_call_id: event.call.as_deref(),
+                payload: &text,
+                at: event.at,
+                binding: None,
+            },
         );
         statements.push(format!(
             "UPDATE audit_events SET payload = '{text}', prev_hash = '{prev}', hash = '{hash}', \

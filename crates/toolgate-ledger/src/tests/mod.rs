@@ -877,13 +877,16 @@ pub(crate) async fn tamper_sql(store: &dyn Store, tamper: &Tamper) -> Vec<String
     let rehash = |event: &AuditEvent, payload: &str| {
         crate::chain::event_hash(
             &event.prev_hash,
-            event.tenant.as_str(),
-            event.chain_seq,
-            &event.kind,
-            event.run.as_ref().map(|r| r.as_str()),
-            event.tool_call_id.as_ref().map(|c| c.as_str()),
-            payload,
-            event.at.0,
+            &crate::EventFields {
+                tenant: event.tenant.as_str(),
+                chain_seq: event.chain_seq,
+                kind: &event.kind,
+                run: event.run.as_ref().map(|r| r.as_str()),
+                tool_call_id: event.tool_call_id.as_ref().map(|c| c.as_str()),
+                payload,
+                at: event.at.0,
+                binding: None,
+            },
         )
     };
     let hash5 = rehash(&acme[4], "{\"n\":33}");

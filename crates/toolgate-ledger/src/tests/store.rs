@@ -1051,13 +1051,16 @@ on_both_backends! {
                 stored.hash,
                 crate::event_hash(
                     &stored.prev_hash,
-                    stored.tenant.as_str(),
-                    stored.chain_seq,
-                    &stored.kind,
-                    stored.run.as_ref().map(|r| r.as_str()),
-                    stored.tool_call_id.as_ref().map(|c| c.as_str()),
-                    &payload,
-                    stored.at.0,
+                    &crate::EventFields {
+                        tenant: stored.tenant.as_str(),
+                        chain_seq: stored.chain_seq,
+                        kind: &stored.kind,
+                        run: stored.run.as_ref().map(|r| r.as_str()),
+                        tool_call_id: stored.tool_call_id.as_ref().map(|c| c.as_str()),
+                        payload: &payload,
+                        at: stored.at.0,
+                        binding: None,
+                    },
                 )
             );
         }
