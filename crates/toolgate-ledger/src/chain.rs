@@ -95,10 +95,7 @@ pub(crate) fn new_link(
     fields: &EventFields<'_>,
 ) -> Result<(Option<String>, String), crate::LedgerError> {
     match keys {
-        None => Ok((
-            None,
-            event_hash(prev_hash, fields),
-        )),
+        None => Ok((None, event_hash(prev_hash, fields))),
         Some(keys) => {
             let key_id = keys.active_key_id();
             match event_mac(keys, &key_id, prev_hash, fields) {

@@ -175,4 +175,3 @@ impl Backend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
-
