@@ -60,6 +60,9 @@ pub fn gateway_binary() -> PathBuf {
     binary
 }
 
+/// Where [`GatewayOptions::stderr_to_file`] puts the gateway's standard error.
+const STDERR_FILE: &str = "gateway.stderr";
+
 /// A running gateway; killed when dropped.
 #[derive(Debug)]
 pub struct Gateway {
@@ -99,6 +102,12 @@ impl Gateway {
     /// in a fresh temporary directory. `options` should come from the same [`PgSchema`].
     pub fn replica(&self, options: GatewayOptions) -> Gateway {
         options.admin_token(&self.admin_token).start()
+    }
+
+    /// What the gateway wrote on standard error so far, when started with
+    /// [`GatewayOptions::stderr_to_file`].
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join(STDERR_FILE)).unwrap_or_default()
     }
 
     /// The gateway's process id.
@@ -246,6 +255,7 @@ pub struct GatewayOptions {
     env: Vec<(String, String)>,
     admin_token: Option<String>,
     config: Option<String>,
+    stderr_file: bool,
 }
 
 impl GatewayOptions {
@@ -300,6 +310,13 @@ impl GatewayOptions {
         self
     }
 
+    /// Writes the gateway's standard error to `gateway.stderr` in its directory (read it with
+    /// [`Gateway::stderr`]) instead of the test's.
+    pub fn stderr_to_file(mut self) -> GatewayOptions {
+        self.stderr_file = true;
+        self
+    }
+
     /// The testkit connector appends its executions to `log`.
     pub fn execution_log(self, log: &ExecutionLog) -> GatewayOptions {
         let path = log.path().to_str().expect("UTF-8 temp path").to_owned();
@@ -320,7 +337,14 @@ impl GatewayOptions {
         }
         let binary = gateway_binary();
         let mut command = serve_command(&dir);
-        command.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let stderr = if self.stderr_file {
+            Stdio::from(
+                std::fs::File::create(dir.join(STDERR_FILE)).expect("create gateway.stderr"),
+            )
+        } else {
+            Stdio::inherit()
+        };
+        command.stdout(Stdio::piped()).stderr(stderr);
         if let Some(database) = &self.database {
             command.env("TOOLGATE_DATABASE", database);
         }

@@ -42,6 +42,21 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("aws-types", &["toolgate-aws"]),
     ("aws-runtime", &["toolgate-aws"]),
     ("aws-sigv4", &["toolgate-aws"]),
+    // Traces: the SDK and the exporter belong to the server, which installs them; the API and
+    // the `tracing` bridge also to the crates whose spans carry context across a boundary (the
+    // engine keeps a suspended call's context, the HTTP client sends it to vendors).
+    ("opentelemetry_sdk", &["toolgate-server"]),
+    ("opentelemetry-otlp", &["toolgate-server"]),
+    ("opentelemetry-proto", &["toolgate-server"]),
+    (
+        "opentelemetry",
+        &["toolgate-server", "toolgate-engine", "toolgate-http"],
+    ),
+    (
+        "tracing-opentelemetry",
+        &["toolgate-server", "toolgate-engine", "toolgate-http"],
+    ),
+    ("tracing-subscriber", &["toolgate-server"]),
 ];
 
 /// Libraries that do I/O or run async tasks: core and policy depend on none of them, not even

@@ -9,6 +9,10 @@
 //!   `TOOLGATE_TEST_PG_URL` or 127.0.0.1:5432, dropped afterwards), when one answers: the
 //!   closed and open loops again, against a target of 5,000 calls/s with durable commits.
 //!
+//! - the same SQLite gateway observed as in production: traces exported over OTLP to a sink in
+//!   its own process (every span, none sampled away) and metrics on; its closed-loop throughput
+//!   must stay within 5% of the unobserved gateway's.
+//!
 //! - the redactor alone, in-process: a typical call's input and output JSON redacted as the
 //!   engine does (`bench/redaction.rs`), per call.
 //!
@@ -41,10 +45,12 @@
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //!
-//! Internal: `--no-build` (the parent already built everything) and `--echo-server`.
+//! Internal: `--no-build` (the parent already built everything), `--echo-server` and
+//! `--otlp-sink` (the trace receiver of the observed phase, `bench/otlp.rs`).
 
 mod echo;
 mod load;
+mod otlp;
 mod postgres;
 mod process;
 mod redaction;
@@ -75,6 +81,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let options = Options::parse(args)?;
     if options.echo_server {
         return echo::serve();
+    }
+    if options.otlp_sink {
+        return otlp::serve();
     }
     let root = workspace_root()?;
     let target_dir = target_dir(&root);
@@ -108,6 +117,7 @@ struct Options {
     quick: bool,
     no_build: bool,
     echo_server: bool,
+    otlp_sink: bool,
     redaction_only: bool,
 }
 
@@ -130,6 +140,7 @@ impl Options {
             quick: false,
             no_build: false,
             echo_server: false,
+            otlp_sink: false,
             redaction_only: false,
         };
         let mut starts: Option<usize> = None;
@@ -158,6 +169,7 @@ impl Options {
                 "--quick" => options.quick = true,
                 "--no-build" => options.no_build = true,
                 "--echo-server" => options.echo_server = true,
+                "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
@@ -249,7 +261,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     drop(echo);
 
     println!("\n==> gateway ({})", gateway_binary.display());
-    let gateway = Gateway::start(&gateway_binary, None)?;
+    let gateway = Gateway::start(&gateway_binary, None, &[])?;
     let gateway_target = runtime.block_on(gateway.prepare())?;
     let sweep = if options.sweep {
         runtime.block_on(sweep_concurrency(options, &gateway_target, gateway.pid()))?
@@ -261,6 +273,8 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
     let gateway_stderr = gateway.stderr_summary();
     drop(gateway);
+
+    let observed = runtime.block_on(measure_observed(options, &own_binary, &gateway_binary))?;
 
     let postgres = match crate::pg::running_server_url() {
         Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
@@ -302,6 +316,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         startups,
         sweep,
         gateway_stderr,
+        observed,
         postgres,
         redaction,
     };
@@ -310,6 +325,32 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     report.write_json(&path)?;
     println!("\nwrote {}", path.display());
     report.check_calls()
+}
+
+/// The SQLite gateway with traces exported to the sink and metrics on: the same closed and
+/// open loops.
+async fn measure_observed(
+    options: &Options,
+    own_binary: &Path,
+    gateway_binary: &Path,
+) -> anyhow::Result<TargetFigures> {
+    println!("\n==> gateway, traces exported and metrics on");
+    let sink = process::spawn_sink(own_binary)?;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+        ("OTEL_SERVICE_NAME", "toolgate-bench"),
+    ];
+    let gateway = Gateway::start(gateway_binary, None, &env)?;
+    let target = gateway.prepare().await?;
+    let (closed, open) = measure_target(options, &target, gateway.pid()).await?;
+    let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
+    drop(gateway);
+    drop(sink);
+    Ok(TargetFigures {
+        closed,
+        open,
+        peak_rss_kib,
+    })
 }
 
 /// The gateway on a PostgreSQL ledger (a fresh schema, dropped afterwards when `psql` is
@@ -321,7 +362,7 @@ async fn measure_postgres(
 ) -> anyhow::Result<TargetFigures> {
     let schema = format!("toolgate_bench_{}", std::process::id());
     println!("\n==> gateway on PostgreSQL (schema {schema})");
-    let gateway = Gateway::start(gateway_binary, Some((url, &schema)))?;
+    let gateway = Gateway::start(gateway_binary, Some((url, &schema)), &[])?;
     let result = async {
         let target = gateway.prepare().await?;
         let (closed, open) = measure_target(options, &target, gateway.pid()).await?;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use toolgate_core::{Connector, InvocationContext, ToolError, ToolName, ToolOutput};
+use tracing::Instrument as _;
 
 /// How a connector invocation ended.
 #[derive(Debug)]
@@ -28,7 +29,11 @@ pub(crate) async fn invoke(
     arguments: Value,
     timeout: Duration,
 ) -> Invocation {
-    let mut task = tokio::spawn(async move { connector.invoke(ctx, &tool, arguments).await });
+    // The task runs in the caller's span (the connector's), so vendor requests are its
+    // children.
+    let span = tracing::Span::current();
+    let mut task =
+        tokio::spawn(async move { connector.invoke(ctx, &tool, arguments).await }.instrument(span));
     match tokio::time::timeout(timeout, &mut task).await {
         Ok(Ok(answer)) => Invocation::Answered(answer),
         Ok(Err(join_error)) if join_error.is_panic() => Invocation::Panicked,

@@ -14,6 +14,7 @@ mod invoke;
 mod outcome;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+mod trace;
 
 pub use catalog::{Catalog, llm_tool_name, parse_llm_tool_name};
 pub use config::EngineConfig;

@@ -194,9 +194,26 @@ impl HttpClient {
                 admission.map_err(|e| e.with_attempts(attempts).reached_vendor(reached))?;
             attempts += 1;
             let started = Instant::now();
-            let outcome =
-                tokio::time::timeout_at(deadline, self.attempt(request, &url, deadline)).await;
+            // The attempt's span is an OpenTelemetry client span, and its context is what the
+            // request carries as `traceparent`.
+            let attempt_span = tracing::debug_span!(
+                "http.attempt",
+                otel.name = %request.method,
+                otel.kind = "client",
+                http.request.method = %request.method,
+                server.address = %host,
+                http.request.resend_count = attempts - 1,
+                http.response.status_code = tracing::field::Empty,
+                "error.type" = tracing::field::Empty,
+            );
+            let outcome = tokio::time::timeout_at(
+                deadline,
+                self.attempt(request, &url, deadline)
+                    .instrument(attempt_span.clone()),
+            )
+            .await;
             drop(admission);
+            record_attempt(&attempt_span, &outcome);
             let latency_ms = started.elapsed().as_millis();
             let path = inner.redactor.redact_text(url.path()).into_owned();
 
@@ -314,6 +331,7 @@ impl HttpClient {
             if current.origin() == inner.base.origin() {
                 builder = builder.headers(inner.default_headers.clone());
             }
+            builder = builder.headers(crate::trace::current_trace_headers());
             let remaining = deadline.saturating_duration_since(Instant::now());
             let sent = builder
                 .headers(headers.clone())
@@ -586,5 +604,31 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Byte
             return Err(too_large());
         }
         body.extend_from_slice(&chunk);
+    }
+}
+
+/// Puts an attempt's outcome on its span: the status, and what failed (the status code, or the
+/// kind of failure when no answer came).
+fn record_attempt(
+    span: &tracing::Span,
+    outcome: &Result<Result<Response, AttemptError>, tokio::time::error::Elapsed>,
+) {
+    match outcome {
+        Ok(Ok(response)) => {
+            let code = response.status.as_u16();
+            span.record("http.response.status_code", code);
+            if code >= 400 {
+                span.record("error.type", code);
+            }
+        }
+        Ok(Err(AttemptError::Connection { .. })) => {
+            span.record("error.type", "connection");
+        }
+        Ok(Err(AttemptError::Fatal(_))) => {
+            span.record("error.type", "fatal");
+        }
+        Err(_elapsed) => {
+            span.record("error.type", "timeout");
+        }
     }
 }

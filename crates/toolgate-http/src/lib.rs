@@ -22,9 +22,11 @@
 //! - **Errors** ([`HttpError`], [`ErrorKind`]): classified and mapped to core's
 //!   [`ErrorCode`](toolgate_core::ErrorCode); messages never contain query strings, header
 //!   values or bodies. Bodies are capped (default 10 MiB).
-//! - **Observability**: a `http.call` span per call and an event per attempt (method, host,
-//!   path without query passed through core's `Redactor`, status, latency, attempt, retry
-//!   reason).
+//! - **Observability**: a `http.call` span per call and an `http.attempt` span (OpenTelemetry
+//!   kind client) and event per attempt (method, host, path without query passed through core's
+//!   `Redactor`, status, latency, attempt, retry reason). Each attempt carries the W3C
+//!   `traceparent` of its span when the application installed a propagator and an
+//!   OpenTelemetry layer (see `trace.rs`); nothing otherwise.
 //!
 //! Public signatures use the `http` crate's `Method`, `StatusCode` and `HeaderMap` (the
 //! ecosystem's shared vocabulary, also what reqwest re-exports) and `bytes::Bytes`; reqwest
@@ -58,6 +60,7 @@ mod error;
 mod limit;
 mod retry;
 mod ssrf;
+mod trace;
 
 pub use client::{HttpClient, Request, Response};
 pub use config::{DEFAULT_MAX_BODY_BYTES, VendorConfig};

@@ -334,6 +334,9 @@ pub struct PendingInvocation {
     /// The per-call timeout the agent asked for (whole milliseconds, at least 1), which the
     /// approved execution runs under; `None` for the tool's default.
     pub timeout: Option<std::time::Duration>,
+    /// The W3C `traceparent` of the span the call was suspended in, so that the span of the
+    /// decision on it links to the call; `None` when traces are off. Not audited.
+    pub trace_parent: Option<String>,
 }
 
 /// What a pending invocation keeps of its call's original arguments.

@@ -39,7 +39,7 @@ macro_rules! pending_columns {
     () => {
         "id, tenant, run, tool_call_id, tool, arguments, arguments_sealed, arguments_key_id, \
          args_hash, manifest, policy_version, origin, decision, state, version, expires_at, \
-         created_at, timeout_ms"
+         created_at, timeout_ms, trace_parent"
     };
 }
 pub(crate) use pending_columns;
@@ -497,5 +497,6 @@ pub(crate) fn pending_from_row(row: &impl SqlRow) -> Result<PendingInvocation, L
         expires_at: Timestamp(number("expires_at")?),
         created_at: Timestamp(number("created_at")?),
         timeout,
+        trace_parent: row.text_opt("trace_parent")?,
     })
 }

@@ -93,8 +93,8 @@ const INSERT_DECISION: &str = "INSERT INTO policy_decisions (id, tenant, tool_ca
 
 const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, \
      tool, arguments, arguments_sealed, arguments_key_id, args_hash, manifest, policy_version, \
-     origin, decision, state, version, expires_at, created_at, timeout_ms) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+     origin, decision, state, version, expires_at, created_at, timeout_ms, trace_parent) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)";
 
 const INSERT_EVENT: &str = "INSERT INTO audit_events (tenant, chain_seq, kind, run, \
      tool_call_id, payload, at, prev_hash, hash, key_id, binding) \
@@ -480,6 +480,7 @@ impl<C: Conn> Steps<'_, C> {
             .bind(record.expires_at.0)
             .bind(record.created_at.0)
             .bind(pending.timeout_ms)
+            .bind(&record.trace_parent)
             .execute(self.conn.db())
             .await
             .map_err(refused(

@@ -201,6 +201,8 @@ const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 const ENV_OTHER: &[&str] = &[
     "TOOLGATE_CONFIG",
     "TOOLGATE_LOG",
+    // Read with the other telemetry settings (`telemetry.rs`), before the configuration.
+    "TOOLGATE_LOG_FORMAT",
     // The command-line client's: the gateway's address and one token per role.
     "TOOLGATE_ADDR",
     "TOOLGATE_AGENT_TOKEN",

@@ -28,6 +28,7 @@ use crate::drain::{Drain, Draining};
 use crate::files::{refuse_shared_file, write_private_file};
 use crate::keys;
 use crate::services::{AdminApi, AgentApi, ApprovalApi, Shared};
+use crate::telemetry::TraceLayer;
 
 /// How long a verified token is trusted before it is looked up again.
 const TOKEN_CACHE_TTL: Duration = Duration::from_secs(2);
@@ -206,6 +207,7 @@ async fn run(
     let limits = MessageLimits::for_arguments(config.engine.max_argument_bytes);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .layer(TraceLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(Draining::new(

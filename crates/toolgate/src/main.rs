@@ -72,8 +72,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    install_panic_hook();
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let telemetry = match toolgate_server::TelemetrySettings::from_env(&env) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("error: invalid configuration: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,7 +90,25 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(cli));
+    // The trace exporter's channel lives on the runtime, so it is made inside it.
+    let installed = {
+        let _entered = runtime.enter();
+        toolgate_server::Telemetry::install(&telemetry)
+    };
+    let telemetry = match installed {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    install_panic_hook();
+    let result = runtime.block_on(async {
+        let result = run(cli, env).await;
+        // Exports the spans still queued before the process ends.
+        telemetry.shutdown().await;
+        result
+    });
     // Calls a drain abandoned may still hold tasks: never wait for them on the way out.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
@@ -104,14 +128,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+async fn run(cli: Cli, env: BTreeMap<String, String>) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve {
             config,
             listen,
             database,
         } => {
-            let env: BTreeMap<String, String> = std::env::vars().collect();
             let config = toolgate_server::Config::load(
                 config.as_deref(),
                 &env,
@@ -154,15 +177,6 @@ async fn shutdown_signal() {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = term.recv() => tracing::info!("SIGTERM received"),
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 /// Logs panics (a connector's, typically) as one redacted error line instead of the default

@@ -17,8 +17,8 @@ use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_client::AdminServiceClient;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
-use crate::bench::echo;
 use crate::bench::load::{Target, authed};
+use crate::bench::{echo, otlp};
 
 /// How long a child may take to announce its address.
 const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,6 +96,24 @@ pub(crate) fn spawn_echo(binary: &Path) -> anyhow::Result<EchoServer> {
     })
 }
 
+/// Starts `binary bench --otlp-sink` and waits for its address; it reports the spans it
+/// received on standard error when it stops.
+pub(crate) fn spawn_sink(binary: &Path) -> anyhow::Result<EchoServer> {
+    let child = Command::new(binary)
+        .args(["bench", "--otlp-sink"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("cannot start the trace sink {}", binary.display()))?;
+    let mut guard = ChildGuard { child };
+    let address = wait_for_announcement(&mut guard, otlp::ANNOUNCEMENT, "the trace sink")?;
+    Ok(EchoServer {
+        guard,
+        url: format!("http://{address}"),
+    })
+}
+
 /// A gateway started for the load phases, in its own temporary directory.
 #[derive(Debug)]
 pub(crate) struct Gateway {
@@ -106,13 +124,18 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     /// Starts the gateway on a fresh database with a run budget large enough for the benchmark:
-    /// a SQLite file in its directory, or `database` (a PostgreSQL URL and a fresh schema).
-    pub(crate) fn start(binary: &Path, database: Option<(&str, &str)>) -> anyhow::Result<Gateway> {
+    /// a SQLite file in its directory, or `database` (a PostgreSQL URL and a fresh schema), with
+    /// `env` added to its environment.
+    pub(crate) fn start(
+        binary: &Path,
+        database: Option<(&str, &str)>,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Gateway> {
         let dir = tempfile::Builder::new()
             .prefix("toolgate-bench-")
             .tempdir()
             .context("cannot create a temporary directory")?;
-        let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database)?;
+        let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database, env)?;
         let address = wait_for_announcement(&mut guard, GATEWAY_ANNOUNCEMENT, "the gateway")?;
         Ok(Gateway {
             guard,
@@ -241,6 +264,7 @@ fn spawn_gateway(
     dir: &Path,
     listen: &str,
     database: Option<(&str, &str)>,
+    env: &[(&str, &str)],
 ) -> anyhow::Result<ChildGuard> {
     std::fs::write(
         dir.join("toolgate.toml"),
@@ -259,6 +283,7 @@ fn spawn_gateway(
     let child = command
         .current_dir(dir)
         .env("TOOLGATE_LOG", "warn")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
@@ -345,7 +370,7 @@ pub(crate) async fn time_startup(binary: &Path) -> anyhow::Result<StartupSample>
         .timeout(Duration::from_millis(500));
 
     let spawned = Instant::now();
-    let mut guard = spawn_gateway(binary, dir.path(), &listen, None)?;
+    let mut guard = spawn_gateway(binary, dir.path(), &listen, None, &[])?;
     let stdout = guard
         .child
         .stdout

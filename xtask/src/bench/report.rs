@@ -22,6 +22,8 @@ pub(crate) struct Report {
     pub(crate) sweep: Vec<(usize, ClosedLoop)>,
     /// What the gateway logged on stderr at `warn`, if anything.
     pub(crate) gateway_stderr: Option<String>,
+    /// The SQLite gateway with traces exported and metrics on.
+    pub(crate) observed: TargetFigures,
     /// The gateway on a PostgreSQL ledger, when a server was available.
     pub(crate) postgres: Option<TargetFigures>,
     /// The redactor's cost per typical call.
@@ -83,6 +85,16 @@ impl Report {
         }
     }
 
+    /// The observed gateway's closed-loop throughput over the unobserved one's.
+    fn observed_ratio(&self) -> f64 {
+        let plain = self.gateway.closed.throughput();
+        if plain > 0.0 {
+            self.observed.closed.throughput() / plain
+        } else {
+            0.0
+        }
+    }
+
     fn added(&self, pick: Pick) -> f64 {
         micros(pick(&self.gateway.open.latency)) - micros(pick(&self.echo.open.latency))
     }
@@ -115,6 +127,13 @@ impl Report {
                 unit: "ms",
                 limit: 1.0,
                 at_least: false,
+            },
+            Check {
+                name: "throughput traced+metrics / plain",
+                value: self.observed_ratio(),
+                unit: "",
+                limit: 0.95,
+                at_least: true,
             },
             Check {
                 name: "gateway throughput on PostgreSQL",
@@ -323,6 +342,20 @@ impl Report {
         if let Some(stderr) = &self.gateway_stderr {
             let _ = writeln!(out, "gateway stderr: {stderr}");
         }
+        let observed = &self.observed;
+        let _ = writeln!(
+            out,
+            "\ngateway, traces exported and metrics on: {:.0} calls/s closed loop ({} failed, gateway CPU {:.0}%), {:.3} of the plain gateway; at {} calls/s p50 {} µs, p99 {} µs ({} failed); peak RSS {:.1} MiB",
+            observed.closed.throughput(),
+            observed.closed.failed,
+            observed.closed.cpu.server_percent,
+            self.observed_ratio(),
+            o.rate,
+            observed.open.latency.p50.as_micros(),
+            observed.open.latency.p99.as_micros(),
+            observed.open.failed,
+            kib_to_mib(observed.peak_rss_kib)
+        );
         match &self.postgres {
             Some(pg) => {
                 let _ = writeln!(
@@ -387,6 +420,8 @@ impl Report {
             },
             "echo": target_json(&self.echo),
             "gateway": target_json(&self.gateway),
+            "gateway_observed": target_json(&self.observed),
+            "observed_throughput_ratio": self.observed_ratio(),
             "gateway_postgres": self.postgres.as_ref().map(target_json),
             "throughput_ratio": self.ratio(),
             "added_latency_us": {
@@ -438,6 +473,8 @@ impl Report {
             + self.echo.open.failed
             + self.gateway.closed.failed
             + self.gateway.open.failed
+            + self.observed.closed.failed
+            + self.observed.open.failed
             + self
                 .postgres
                 .as_ref()

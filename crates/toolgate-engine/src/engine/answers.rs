@@ -11,12 +11,13 @@ use toolgate_core::{
     AgentId, Decision, ErrorCode, RiskLevel, TenantId, ToolCallId, ToolCallStatus, ToolError,
 };
 use toolgate_ledger::{NewCall, RecordOutcome, SealedAnswer, ToolCallRecord};
-use tracing::warn;
+use tracing::{Instrument as _, warn};
 
 use super::Engine;
 use super::record::outcome_from_record;
 use crate::error::EngineError;
 use crate::outcome::ExecuteOutcome;
+use crate::trace;
 
 /// How often a waiter re-reads a call when nothing announced a change (other replicas'
 /// commits arrive through the store's feed, when it has one).
@@ -48,9 +49,20 @@ impl Engine {
         for _ in 0..MAX_REEVALUATIONS {
             // A copy to evaluate again with, kept only when a repeat is possible at all.
             let spare = call.tool_use_id.is_some().then(|| attempt.clone());
+            let operation = attempt.call.status.as_str();
             let recorded = match observed_evaluation {
-                None => self.store.record_call(attempt).await?,
-                Some(observed) => self.store.retry_call(attempt, observed).await?,
+                None => {
+                    self.store
+                        .record_call(attempt)
+                        .instrument(trace::ledger_span(operation))
+                        .await?
+                }
+                Some(observed) => {
+                    self.store
+                        .retry_call(attempt, observed)
+                        .instrument(trace::ledger_span(operation))
+                        .await?
+                }
             };
             self.announce_events();
             let existing = match recorded {

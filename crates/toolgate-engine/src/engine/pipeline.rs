@@ -14,6 +14,7 @@ use toolgate_ledger::{
     NewAuditEvent, PendingInvocation, PolicyDecisionRecord, RunRecord, ToolCallRecord,
 };
 use toolgate_policy::PolicyDecision;
+use tracing::Instrument as _;
 
 mod checks;
 mod execution;
@@ -26,6 +27,7 @@ pub use parse::decode_arguments;
 use super::Engine;
 use crate::error::EngineError;
 use crate::outcome::{ExecuteOutcome, ExecuteRequest};
+use crate::trace;
 
 /// A decision and risk level, as reported in outcomes.
 pub(super) type Verdict = (Decision, RiskLevel);
@@ -111,7 +113,24 @@ impl Engine {
     /// they are normal results the LLM can explain. `Err` means the request itself could not
     /// be served (malformed ids, an unknown run, a reused tool_use_id, the ledger failing).
     pub async fn execute(&self, request: ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
+        let name = trace::CallName {
+            tool: &request.tool,
+            redactor: &self.redactor,
+        };
+        let span = trace::call_span(request.tenant.as_str(), name);
+        let outcome = self.steps(request, &span).instrument(span.clone()).await;
+        trace::record_outcome(&span, &outcome);
+        outcome
+    }
+
+    /// [`Engine::execute`]'s steps, inside the call's span.
+    async fn steps(
+        &self,
+        request: ExecuteRequest,
+        span: &tracing::Span,
+    ) -> Result<ExecuteOutcome, EngineError> {
         let (mut call, arguments) = self.parse(&request).await?;
+        trace::record_call(span, &call.record, call.name.as_ref());
         let admitted = match self.admit(&mut call, arguments).await {
             Ok(admitted) => admitted,
             Err(Stop::Refused(refusal)) => return self.refuse(call, refusal).await,

@@ -11,12 +11,13 @@ use toolgate_ledger::{
     ResolvePending, ToolCallRecord,
 };
 
-use tracing::warn;
+use tracing::{Instrument as _, warn};
 
 use super::Engine;
 use super::pipeline::{Execution, Tool};
 use crate::error::EngineError;
 use crate::outcome::{ResumeDecision, ResumeOutcome, ResumeRequest};
+use crate::trace;
 
 /// What sealed pending arguments are bound to, with the tenant and the call id: a re-pended
 /// row (a new id, the same call) carries the same sealed text.
@@ -29,6 +30,23 @@ fn pending_context(call: &ToolCallRecord) -> [&str; 3] {
 impl Engine {
     /// Applies a human decision to a pending invocation of `request.run`.
     pub async fn resume(&self, request: ResumeRequest) -> Result<ResumeOutcome, EngineError> {
+        let action = match request.decision {
+            ResumeDecision::Approve => "approve",
+            ResumeDecision::Reject => "reject",
+            ResumeDecision::Continue => "continue",
+        };
+        let span = trace::decision_span(action, request.tenant.as_str());
+        let outcome = self.decide(request, &span).instrument(span.clone()).await;
+        trace::record_resume(&span, &outcome);
+        outcome
+    }
+
+    /// [`Engine::resume`] inside the decision's span.
+    async fn decide(
+        &self,
+        request: ResumeRequest,
+        span: &tracing::Span,
+    ) -> Result<ResumeOutcome, EngineError> {
         let run = RunId::new(request.run.clone())
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let pending = match self
@@ -44,6 +62,8 @@ impl Engine {
                 )));
             }
         };
+        trace::record_pending(span, &pending);
+        trace::link_to_call(span, pending.trace_parent.as_deref());
         if pending.state != PendingState::Pending {
             return Ok(ResumeOutcome::ClaimLost);
         }

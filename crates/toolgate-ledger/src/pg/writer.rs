@@ -401,7 +401,7 @@ impl Writer {
             .map(|(tenant, _)| before.get(*tenant).map_or(-1, |head| head.chain_seq))
             .collect();
         let finishes = i64::try_from(arrays.finish_id.len()).unwrap_or(i64::MAX);
-        // Bound after the statement's other parameters ($74 to $80).
+        // Bound after the statement's other parameters ($74 to $81).
         let finish_answer = std::mem::take(&mut arrays.finish_answer);
         let finish_answer_expires = std::mem::take(&mut arrays.finish_answer_expires);
         let pending_timeout = std::mem::take(&mut arrays.pending_timeout);
@@ -409,6 +409,7 @@ impl Writer {
         let event_binding = std::mem::take(&mut arrays.event_binding);
         let pending_sealed = std::mem::take(&mut arrays.pending_arguments_sealed);
         let pending_key_ids = std::mem::take(&mut arrays.pending_arguments_key_id);
+        let pending_trace_parents = std::mem::take(&mut arrays.pending_trace_parent);
         let head_count = i64::try_from(moved.len()).unwrap_or(i64::MAX);
         let sql = self
             .statements
@@ -443,7 +444,8 @@ impl Writer {
             .bind(event_key_id)
             .bind(event_binding)
             .bind(pending_sealed)
-            .bind(pending_key_ids);
+            .bind(pending_key_ids)
+            .bind(pending_trace_parents);
         let moved: HashMap<String, Head> = moved
             .into_iter()
             .map(|(tenant, head)| (tenant.clone(), head.clone()))
@@ -860,11 +862,12 @@ impl Parts {
             ctes.push(
                 "p AS (INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, \
                  arguments, args_hash, manifest, policy_version, origin, decision, state, \
-                 version, expires_at, created_at, timeout_ms, arguments_sealed, arguments_key_id) \
+                 version, expires_at, created_at, timeout_ms, arguments_sealed, arguments_key_id, \
+                 trace_parent) \
                  SELECT * FROM UNNEST($35::text[], $36::text[], $37::text[], $38::text[], \
                  $39::text[], $40::text[], $41::text[], $42::text[], $43::bigint[], $44::text[], \
                  $45::text[], $46::text[], $47::bigint[], $48::bigint[], $49::bigint[], \
-                 $76::bigint[], $79::text[], $80::text[]) \
+                 $76::bigint[], $79::text[], $80::text[], $81::text[]) \
                  RETURNING 1)",
             );
         }
@@ -983,9 +986,10 @@ struct Bulk {
     pending_created: Vec<i64>,
     /// Bound last ($76): it came after the other parameters were numbered.
     pending_timeout: Vec<Option<i64>>,
-    /// Bound last ($79, $80).
+    /// Bound last ($79, $80, $81).
     pending_arguments_sealed: Vec<Option<String>>,
     pending_arguments_key_id: Vec<Option<String>>,
+    pending_trace_parent: Vec<Option<String>>,
     finish_id: Vec<String>,
     finish_tenant: Vec<String>,
     finish_status: Vec<String>,
@@ -1098,6 +1102,7 @@ impl Bulk {
                 .push(pending.arguments_sealed.clone());
             self.pending_arguments_key_id
                 .push(pending.arguments_key_id.clone());
+            self.pending_trace_parent.push(record.trace_parent.clone());
         }
     }
 

@@ -45,8 +45,8 @@ pub(super) const INSERT_DECISION: &str = "INSERT INTO policy_decisions (id, tena
 
 pub(super) const INSERT_PENDING: &str = "INSERT INTO pending_invocations (id, tenant, run, \
      tool_call_id, tool, arguments, arguments_sealed, arguments_key_id, args_hash, manifest, \
-     policy_version, origin, decision, state, version, expires_at, created_at, timeout_ms) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+     policy_version, origin, decision, state, version, expires_at, created_at, timeout_ms, \
+     trace_parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 pub(super) const INSERT_EVENT: &str = "INSERT INTO audit_events (tenant, chain_seq, kind, run, \
      tool_call_id, payload, at, prev_hash, hash, key_id, binding) \
@@ -147,6 +147,7 @@ pub(super) fn bind_pending(query: SqlQuery, pending: &PreparedPending) -> SqlQue
         .bind(record.expires_at.0)
         .bind(record.created_at.0)
         .bind(pending.timeout_ms)
+        .bind(record.trace_parent.clone())
 }
 
 pub(super) fn bind_event(query: SqlQuery, event: &PreparedEvent, link: &ChainLink) -> SqlQuery {
@@ -267,8 +268,8 @@ impl RowKind {
             RowKind::InsertPending => (
                 "INSERT INTO pending_invocations (id, tenant, run, tool_call_id, tool, arguments, \
                  arguments_sealed, arguments_key_id, args_hash, manifest, policy_version, origin, \
-                 decision, state, version, expires_at, created_at, timeout_ms) VALUES ",
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 decision, state, version, expires_at, created_at, timeout_ms, trace_parent) VALUES ",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 "",
             ),
             RowKind::InsertEvents => (

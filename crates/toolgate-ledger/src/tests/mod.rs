@@ -556,6 +556,7 @@ pub(crate) fn pending(tenant: &str, call: &str) -> PendingInvocation {
         expires_at: T0.plus_ms(3_600_000),
         created_at: T0,
         timeout: None,
+        trace_parent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()),
     }
 }
 

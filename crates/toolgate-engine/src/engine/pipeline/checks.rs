@@ -11,6 +11,7 @@ use toolgate_policy::PolicyRequest;
 use super::{Call, Decided, Denial, Refusal, Stop, Tool};
 use crate::engine::Engine;
 use crate::engine::caches::PolicyState;
+use crate::trace;
 
 impl Refusal {
     fn new(
@@ -123,13 +124,17 @@ impl Engine {
                 .into());
             }
         };
-        let decision = policy.evaluate(&PolicyRequest {
-            tenant: &call.record.tenant,
-            agent: &call.run.agent,
-            run: &call.run.id,
-            tool: &tool.spec,
-            arguments,
+        let policy_span = trace::policy_span();
+        let decision = policy_span.in_scope(|| {
+            policy.evaluate(&PolicyRequest {
+                tenant: &call.record.tenant,
+                agent: &call.run.agent,
+                run: &call.run.id,
+                tool: &tool.spec,
+                arguments,
+            })
         });
+        trace::record_decision(&policy_span, &tracing::Span::current(), &decision);
         let record = self.decision_record(&call.record, name, &decision);
         call.record.policy_decision_id = Some(record.id.clone());
         call.record.risk_level = Some(decision.risk);

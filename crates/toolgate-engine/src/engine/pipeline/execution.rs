@@ -9,7 +9,7 @@ use toolgate_core::{
     ErrorCode, InvocationContext, SecretError, Secrets, ToolCallStatus, ToolError, ToolSpec,
 };
 use toolgate_ledger::{FinishCall, ToolCallRecord};
-use tracing::warn;
+use tracing::{Instrument as _, warn};
 
 use super::{Tool, Verdict};
 use crate::engine::Engine;
@@ -17,6 +17,7 @@ use crate::engine::record::outcome_from_record;
 use crate::error::EngineError;
 use crate::invoke::{Invocation, invoke};
 use crate::outcome::ExecuteOutcome;
+use crate::trace;
 
 /// A call ready for its connector.
 pub(in crate::engine) struct Execution<'a> {
@@ -95,6 +96,7 @@ impl Engine {
             arguments,
             timeout,
         )
+        .instrument(trace::connector_span(&tool.spec.name, timeout.as_millis()))
         .await;
         let ending = self.normalize(call, &tool.spec, timeout, invocation, started.elapsed());
         self.finish(call, verdict, ending).await
@@ -107,7 +109,12 @@ impl Engine {
             return Ok(Secrets::empty());
         }
         let resolved = match &self.secrets {
-            Some(source) => source.resolve(&call.tenant, &spec.required_secrets).await,
+            Some(source) => {
+                source
+                    .resolve(&call.tenant, &spec.required_secrets)
+                    .instrument(trace::credentials_span(spec.required_secrets.len()))
+                    .await
+            }
             None => Err(SecretError::Unavailable {
                 name: spec.required_secrets[0].clone(),
                 reason: "this gateway has no credential store configured".to_owned(),
@@ -235,7 +242,11 @@ impl Engine {
             answer: self.seal_answer(call, &outcome),
             ..finish
         };
-        let finished = self.store.finish_call(finish).await?;
+        let finished = self
+            .store
+            .finish_call(finish)
+            .instrument(trace::ledger_span("finish"))
+            .await?;
         self.announce_events();
         if finished {
             return Ok(outcome);

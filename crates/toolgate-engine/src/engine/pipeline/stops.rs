@@ -18,6 +18,7 @@ use crate::engine::Engine;
 use crate::engine::answers::Recorded;
 use crate::error::EngineError;
 use crate::outcome::ExecuteOutcome;
+use crate::trace;
 
 impl Engine {
     /// Records a call that stops before execution, with its audit trail, and answers with it.
@@ -204,6 +205,8 @@ impl Engine {
             expires_at: now.plus_ms(expiry_ms),
             created_at: now,
             timeout: call.timeout,
+            // The call's span (this runs inside it), for the decision's span to link to.
+            trace_parent: trace::current_traceparent(),
         }
     }
 }

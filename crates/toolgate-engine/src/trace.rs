@@ -1,0 +1,307 @@
+//! The spans of a call, named and attributed after OpenTelemetry's GenAI semantic conventions
+//! (`execute_tool {gen_ai.tool.name}`, kind internal) plus `toolgate.*` attributes, and their
+//! children: policy evaluation, ledger commits, credential resolution, the connector, and an
+//! approval's decision.
+//!
+//! These are plain `tracing` spans at debug level: the engine depends on no exporter. An
+//! application that installs an OpenTelemetry layer (the gateway does when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set) exports them; without one, and with logs at info, nothing
+//! subscribes to them and they cost what a disabled span costs. A span carries names, ids
+//! and codes only, never an argument or a result value.
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+};
+use std::fmt;
+
+use tracing::Span;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use toolgate_core::{Redactor, ToolCallStatus, ToolName};
+use toolgate_ledger::{PendingInvocation, ToolCallRecord};
+use toolgate_policy::PolicyDecision;
+
+use crate::catalog::parse_llm_tool_name;
+use crate::error::EngineError;
+use crate::outcome::{ExecuteOutcome, ResumeOutcome};
+
+/// The span name of a call to `tool`: `execute_tool {tool}`, or plain `execute_tool` for a
+/// name that is no valid tool name or that the redactor would change (it may be a credential
+/// pasted in the wrong place). Formatted only when a subscriber records the span.
+pub(crate) struct CallName<'a> {
+    pub(crate) tool: &'a str,
+    pub(crate) redactor: &'a Redactor,
+}
+
+impl fmt::Display for CallName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = parse_llm_tool_name(self.tool)
+            .filter(|name| self.redactor.redact_text(name.as_str()) == name.as_str());
+        match name {
+            Some(name) => write!(f, "execute_tool {name}"),
+            None => f.write_str("execute_tool"),
+        }
+    }
+}
+
+/// The span of one `ExecuteTool`, named at creation (an exporter fixes the name once the span
+/// starts); the call's ids are recorded once they are known to be safe to keep (see
+/// [`record_call`]).
+pub(crate) fn call_span(tenant: &str, name: CallName<'_>) -> Span {
+    tracing::debug_span!(
+        target: "toolgate::call",
+        "execute_tool",
+        otel.name = %name,
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = Empty,
+        gen_ai.tool.type = "extension",
+        gen_ai.tool.call.id = Empty,
+        gen_ai.conversation.id = Empty,
+        "error.type" = Empty,
+        toolgate.tenant = tenant,
+        toolgate.tool_call_id = Empty,
+        toolgate.decision = Empty,
+        toolgate.risk = Empty,
+        toolgate.policy_ids = Empty,
+        toolgate.attempts = Empty,
+        toolgate.outcome = Empty,
+        toolgate.replayed = Empty,
+        toolgate.pending_invocation_id = Empty,
+    )
+}
+
+/// Records the ids of a parsed call on `span`. The tool name is recorded only when it is a
+/// valid name the redactor leaves alone (`name`); run and tool_use ids have passed the same
+/// check by then.
+pub(crate) fn record_call(span: &Span, record: &ToolCallRecord, name: Option<&ToolName>) {
+    // Nothing is formatted for a span nobody subscribes to (traces off).
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(name) = name {
+        span.record("gen_ai.tool.name", name.as_str());
+    }
+    span.record("gen_ai.conversation.id", record.run.as_str());
+    span.record("toolgate.tool_call_id", record.id.as_str());
+    if let Some(tool_use_id) = &record.tool_use_id {
+        span.record("gen_ai.tool.call.id", tool_use_id.as_str());
+    }
+}
+
+/// Records how a call ended: its status and attempts, and for anything but a success the
+/// stable error code as `error.type` (or the request's failure kind).
+pub(crate) fn record_outcome(span: &Span, outcome: &Result<ExecuteOutcome, EngineError>) {
+    if span.is_disabled() {
+        return;
+    }
+    match outcome {
+        Ok(outcome) => {
+            span.record("toolgate.outcome", outcome.status.as_str());
+            span.record("toolgate.attempts", outcome.attempts);
+            span.record("toolgate.replayed", outcome.replayed);
+            if let Some(decision) = outcome.decision {
+                span.record("toolgate.decision", decision.as_str());
+            }
+            if let Some(risk) = outcome.risk {
+                span.record("toolgate.risk", risk.as_str());
+            }
+            if let Some(pending) = &outcome.pending_invocation_id {
+                span.record("toolgate.pending_invocation_id", pending.as_str());
+            }
+            match (&outcome.error, outcome.status) {
+                (Some(error), _) => {
+                    span.record("error.type", error.code.as_str());
+                    span.record("otel.status_code", "error");
+                }
+                (None, ToolCallStatus::Succeeded) => {
+                    span.record("otel.status_code", "ok");
+                }
+                (None, _) => {}
+            }
+        }
+        Err(error) => {
+            span.record("error.type", request_error_type(error));
+            span.record("otel.status_code", "error");
+        }
+    }
+}
+
+/// `error.type` for a request the engine could not serve: the same words its gRPC status
+/// carries, low-cardinality.
+fn request_error_type(error: &EngineError) -> &'static str {
+    match error {
+        EngineError::InvalidRequest(_) => "INVALID_ARGUMENT",
+        EngineError::NotFound(_) => "NOT_FOUND",
+        EngineError::Conflict(_) => "ALREADY_EXISTS",
+        EngineError::FailedPrecondition(_) => "FAILED_PRECONDITION",
+        EngineError::InvalidPolicy(_) => "INVALID_POLICY",
+        EngineError::Unavailable(_) | EngineError::Ledger(_) => "UNAVAILABLE",
+    }
+}
+
+/// Policy evaluation (synchronous: enter it around the evaluation).
+pub(crate) fn policy_span() -> Span {
+    tracing::debug_span!(
+        target: "toolgate::call",
+        "policy.evaluate",
+        toolgate.decision = Empty,
+        toolgate.risk = Empty,
+        toolgate.policy_ids = Empty,
+        toolgate.policy_version = Empty,
+    )
+}
+
+/// Records a decision on the policy span, and the deciding policies on the call's span around
+/// it (the call's decision and risk come with its outcome, [`record_outcome`]).
+pub(crate) fn record_decision(policy: &Span, call: &Span, decision: &PolicyDecision) {
+    if policy.is_disabled() && call.is_disabled() {
+        return;
+    }
+    let ids = decision.policy_ids.join(",");
+    policy.record("toolgate.decision", decision.decision.as_str());
+    policy.record("toolgate.risk", decision.risk.as_str());
+    policy.record("toolgate.policy_ids", ids.as_str());
+    policy.record("toolgate.policy_version", decision.policy_version);
+    call.record("toolgate.policy_ids", ids.as_str());
+}
+
+/// One ledger commit of a call; `operation` names it (`requested`, `running`, `finish`, ...).
+pub(crate) fn ledger_span(operation: &'static str) -> Span {
+    tracing::debug_span!(target: "toolgate::call", "ledger.commit", toolgate.ledger.operation = operation)
+}
+
+/// Resolving the credentials a tool declared (names only).
+pub(crate) fn credentials_span(count: usize) -> Span {
+    tracing::debug_span!(target: "toolgate::call", "credentials.resolve", toolgate.credentials = count)
+}
+
+/// The connector's invocation under the gateway's deadline; vendor HTTP attempts are its
+/// children.
+pub(crate) fn connector_span(tool: &ToolName, timeout_ms: u128) -> Span {
+    tracing::debug_span!(
+        target: "toolgate::call",
+        "connector.invoke",
+        gen_ai.tool.name = tool.as_str(),
+        toolgate.timeout_ms = u64::try_from(timeout_ms).unwrap_or(u64::MAX),
+    )
+}
+
+/// A human's decision on a pending invocation (approve, reject, continue). The invocation's
+/// ids are recorded once it is found ([`record_pending`]), never the text the caller sent.
+pub(crate) fn decision_span(action: &'static str, tenant: &str) -> Span {
+    tracing::debug_span!(
+        target: "toolgate::approval",
+        "approval.decide",
+        otel.name = format!("approval.{action}"),
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        toolgate.tenant = tenant,
+        toolgate.approval.action = action,
+        toolgate.pending_invocation_id = Empty,
+        toolgate.tool_call_id = Empty,
+        gen_ai.tool.name = Empty,
+        gen_ai.conversation.id = Empty,
+        toolgate.outcome = Empty,
+        "error.type" = Empty,
+    )
+}
+
+/// Records the pending invocation a decision found.
+pub(crate) fn record_pending(span: &Span, pending: &PendingInvocation) {
+    span.record("toolgate.pending_invocation_id", pending.id.as_str());
+    span.record("toolgate.tool_call_id", pending.tool_call_id.as_str());
+    span.record("gen_ai.tool.name", pending.tool.as_str());
+    span.record("gen_ai.conversation.id", pending.run.as_str());
+}
+
+/// Records what a decision did.
+pub(crate) fn record_resume(span: &Span, outcome: &Result<ResumeOutcome, EngineError>) {
+    let ended = match outcome {
+        Ok(ResumeOutcome::Executed(executed)) => executed.status.as_str(),
+        Ok(ResumeOutcome::Rejected { expired: true, .. }) => "expired",
+        Ok(ResumeOutcome::Rejected { .. }) => "rejected",
+        Ok(ResumeOutcome::Continued { .. }) => "continued",
+        Ok(ResumeOutcome::ClaimLost) => "already_decided",
+        Ok(ResumeOutcome::PolicyDenialTerminal) => "policy_denial_terminal",
+        Ok(ResumeOutcome::FeatureDisabled { .. }) => "feature_disabled",
+        Err(error) => {
+            span.record("error.type", request_error_type(error));
+            span.record("otel.status_code", "error");
+            return;
+        }
+    };
+    span.record("toolgate.outcome", ended);
+}
+
+/// The W3C `traceparent` of the current span, when an OpenTelemetry layer tracks it (`None`
+/// with traces off). Kept with a pending invocation so the decision can link to the call.
+pub(crate) fn current_traceparent() -> Option<String> {
+    let context = Span::current().context();
+    let span = context.span();
+    let ids = span.span_context();
+    ids.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            ids.trace_id(),
+            ids.span_id(),
+            ids.trace_flags().to_u8()
+        )
+    })
+}
+
+/// Links the decision's `span` to the call's span `traceparent` names (nothing for `None` or a
+/// value that does not parse).
+pub(crate) fn link_to_call(span: &Span, traceparent: Option<&str>) {
+    if let Some(call) = traceparent.and_then(parse_traceparent) {
+        span.add_link(call);
+    }
+}
+
+/// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`, the version this gateway writes.
+fn parse_traceparent(text: &str) -> Option<SpanContext> {
+    let mut parts = text.split('-');
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if version != "00" || parts.next().is_some() || trace.len() != 32 || span.len() != 16 {
+        return None;
+    }
+    let trace = TraceId::from_hex(trace).ok()?;
+    let span = SpanId::from_hex(span).ok()?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    let context = SpanContext::new(trace, span, TraceFlags::new(flags), true, TraceState::NONE);
+    context.is_valid().then_some(context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparents_parse_only_in_the_written_shape() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let parsed = parse_traceparent(valid).unwrap();
+        assert_eq!(
+            parsed.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(parsed.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(parsed.is_sampled());
+        for invalid in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-ff",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01",
+            "00-4bf92f35-00f067aa0ba902b7-01",
+        ] {
+            assert!(parse_traceparent(invalid).is_none(), "{invalid}");
+        }
+        // Without an OpenTelemetry layer there is no current trace to keep.
+        assert_eq!(current_traceparent(), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! A server span per gRPC request, whose parent is the caller's W3C trace context
+//! (`traceparent` / `tracestate` metadata): the engine's `execute_tool` span, and everything
+//! under it, joins the agent's trace.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use opentelemetry::propagation::Extractor;
+use tonic::codegen::{Service, http};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// Wraps the whole gRPC server. The span is at debug level: with traces off and logs at info
+/// nothing subscribes to it, and it costs nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TraceLayer;
+
+impl<S> tower_layer::Layer<S> for TraceLayer {
+    type Service = Traced<S>;
+
+    fn layer(&self, inner: S) -> Traced<S> {
+        Traced { inner }
+    }
+}
+
+/// A service behind [`TraceLayer`].
+#[derive(Debug, Clone)]
+pub struct Traced<S> {
+    inner: S,
+}
+
+impl<S, B> Service<http::Request<B>> for Traced<S>
+where
+    S: Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let span = request_span(&request);
+        let future = self.inner.call(request);
+        Box::pin(future.instrument(span))
+    }
+}
+
+fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
+    // `/toolgate.v1.AgentService/ExecuteTool`: both parts are names from the contract (or
+    // whatever a client sent, which is not a secret's place and is cut short).
+    let path = request.uri().path().trim_start_matches('/');
+    let path: String = path.chars().take(128).collect();
+    let (service, method) = path.split_once('/').unwrap_or((path.as_str(), ""));
+    let span = tracing::debug_span!(
+        target: "toolgate::grpc",
+        "grpc.request",
+        otel.name = path.as_str(),
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = method,
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(request.headers()))
+    });
+    // A context without a valid remote span (no or a malformed header) makes this a root.
+    let _ = span.set_parent(parent);
+    span
+}
+
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
