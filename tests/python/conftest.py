@@ -14,9 +14,13 @@ from toolgate.v1 import toolgate_pb2_grpc as rpc
 
 
 class Gateway:
-    """A running `toolgate serve` process with an admin token."""
+    """A running `toolgate serve` process with an admin token.
 
-    def __init__(self):
+    `env` adds variables to the gateway's environment (e.g. its TLS files); `credentials`,
+    when given, makes the channel a TLS one (`grpc.ssl_channel_credentials`).
+    """
+
+    def __init__(self, env=None, credentials=None):
         binary = os.environ.get("TOOLGATE_BIN")
         if not binary or not pathlib.Path(binary).exists():
             raise RuntimeError(
@@ -31,7 +35,11 @@ class Gateway:
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             # The gateway refuses unknown TOOLGATE_* variables; TOOLGATE_BIN is ours, not its.
-            env={**{k: v for k, v in os.environ.items() if k != "TOOLGATE_BIN"}, "TOOLGATE_LOG": "warn"},
+            env={
+                **{k: v for k, v in os.environ.items() if k != "TOOLGATE_BIN"},
+                "TOOLGATE_LOG": "warn",
+                **(env or {}),
+            },
             text=True,
         )
         ready = threading.Event()
@@ -50,7 +58,10 @@ class Gateway:
             raise RuntimeError("the gateway did not start within 20 s (see its stderr above)")
         token_file = pathlib.Path(self.dir.name) / "toolgate-admin.token"
         self.admin_token = token_file.read_text().strip()
-        self.channel = grpc.insecure_channel(self.address)
+        if credentials is None:
+            self.channel = grpc.insecure_channel(self.address)
+        else:
+            self.channel = grpc.secure_channel(self.address, credentials)
         self.admin = rpc.AdminServiceStub(self.channel)
         self.agent = rpc.AgentServiceStub(self.channel)
 

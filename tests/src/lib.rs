@@ -33,6 +33,7 @@ use toolgate_proto::v1::admin_service_client::AdminServiceClient;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
 pub mod cluster;
+pub mod pki;
 pub mod setup;
 pub use cluster::{Backend, Cluster};
 pub use setup::{

@@ -32,6 +32,12 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("tonic*", &["toolgate-proto", "toolgate-server", "toolgate"]),
     ("prost*", &["toolgate-proto"]),
     ("pbjson*", &["toolgate-proto"]),
+    // TLS of our own listener and CLI client (reqwest and the AWS SDK bring their own).
+    ("rustls*", &["toolgate-server", "toolgate"]),
+    ("tokio-rustls", &["toolgate-server", "toolgate"]),
+    ("hyper-util", &["toolgate"]),
+    // Test certificates: a dev-dependency only, never in a crate's build.
+    ("rcgen", &[]),
     ("reqwest", &["toolgate-http"]),
     ("governor", &["toolgate-http"]),
     ("aes-gcm", &["toolgate-secrets"]),

@@ -27,6 +27,10 @@ pub struct ExecuteRequest {
     pub correlation_id: String,
     /// A per-call timeout, clamped to the tool default and the gateway maximum.
     pub timeout: Option<Duration>,
+    /// When the caller stops waiting (its gRPC deadline), if it said: the connector's hard
+    /// timeout ends no later than then. Only for this execution: a call suspended for
+    /// approval keeps `timeout`, not this, for its approved execution.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// Opening a run.

@@ -205,6 +205,7 @@ impl Harness {
             arguments_json: arguments.to_owned(),
             correlation_id: String::new(),
             timeout: None,
+            deadline: None,
         }
     }
 
@@ -646,6 +647,27 @@ async fn timeout_override_is_bounded_by_the_maximum(backend: Backend) {
     assert_eq!(outcome.status, ToolCallStatus::TimedOut, "{outcome:?}");
 }
 ledger_test!(timeout_override_is_bounded_by_the_maximum);
+
+async fn the_callers_deadline_caps_the_timeout(backend: Backend) {
+    let h = harness(&backend).await;
+    let run = h.run(None).await;
+    let mut request = h.request(&run, "testkit.sleep", r#"{"ms": 60000}"#);
+    request.timeout = Some(Duration::from_secs(3600));
+    request.deadline = Some(tokio::time::Instant::now() + Duration::from_millis(150));
+    let outcome = h.engine.execute(request).await.unwrap();
+    // Without the deadline the hour-long timeout would let the connector succeed after 60 s.
+    assert_eq!(outcome.status, ToolCallStatus::TimedOut, "{outcome:?}");
+    assert_eq!(
+        h.ledger_row(&outcome).await.status,
+        ToolCallStatus::TimedOut
+    );
+    // A deadline later than the timeout changes nothing.
+    let mut request = h.request(&run, "testkit.sleep", r#"{"ms": 10}"#);
+    request.deadline = Some(tokio::time::Instant::now() + Duration::from_secs(3600));
+    let outcome = h.engine.execute(request).await.unwrap();
+    assert_eq!(outcome.status, ToolCallStatus::Succeeded, "{outcome:?}");
+}
+ledger_test!(the_callers_deadline_caps_the_timeout);
 
 async fn a_panicking_connector_fails_only_its_call(backend: Backend) {
     let h = harness(&backend).await;

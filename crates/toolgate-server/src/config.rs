@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toolgate_engine::EngineConfig;
 
+use crate::overload::CallLimits;
 use crate::storage::Database;
+use crate::tls::{ServerTls, TlsPaths};
 
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
@@ -19,6 +21,10 @@ pub const DEFAULT_CONFIG_FILE: &str = "toolgate.toml";
 pub struct Config {
     /// Where the gRPC server listens.
     pub listen: SocketAddr,
+    /// TLS on the listener (`[server.tls]`), its files read and checked; `None`: plaintext.
+    pub tls: Option<ServerTls>,
+    /// How many tool calls execute at once and how many more may wait for a slot.
+    pub limits: CallLimits,
     /// How long a shutdown waits for calls in flight before abandoning them.
     pub drain_timeout: Duration,
     /// The ledger: a SQLite file or a PostgreSQL database.
@@ -112,6 +118,18 @@ struct RawSecrets {
 struct RawServer {
     listen: Option<String>,
     drain_timeout_ms: Option<u64>,
+    max_concurrent_calls: Option<usize>,
+    max_queued_calls: Option<usize>,
+    #[serde(default)]
+    tls: RawTls,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert_file: Option<String>,
+    key_file: Option<String>,
+    client_ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -180,6 +198,14 @@ struct RawShopify {
 const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_LISTEN", "server.listen"),
     ("TOOLGATE_DRAIN_TIMEOUT_MS", "server.drain_timeout_ms"),
+    (
+        "TOOLGATE_MAX_CONCURRENT_CALLS",
+        "server.max_concurrent_calls",
+    ),
+    ("TOOLGATE_MAX_QUEUED_CALLS", "server.max_queued_calls"),
+    ("TOOLGATE_TLS_CERT_FILE", "server.tls.cert_file"),
+    ("TOOLGATE_TLS_KEY_FILE", "server.tls.key_file"),
+    ("TOOLGATE_TLS_CLIENT_CA_FILE", "server.tls.client_ca_file"),
     ("TOOLGATE_DATABASE", "storage.database"),
     ("TOOLGATE_DATABASE_SCHEMA", "storage.schema"),
     ("TOOLGATE_ADMIN_TOKEN_FILE", "auth.admin_token_file"),
@@ -197,14 +223,20 @@ const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
 /// The drain timeout unless configured.
 const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 
+/// The most calls `server.max_concurrent_calls` and `server.max_queued_calls` may each allow.
+const MAX_CALL_LIMIT: usize = 1_000_000;
+
 /// Variables that are ours but are not config overrides.
 const ENV_OTHER: &[&str] = &[
     "TOOLGATE_CONFIG",
     "TOOLGATE_LOG",
     // Read with the other telemetry settings (`telemetry.rs`), before the configuration.
     "TOOLGATE_LOG_FORMAT",
-    // The command-line client's: the gateway's address and one token per role.
+    // The command-line client's: the gateway's address, its TLS files and one token per role.
     "TOOLGATE_ADDR",
+    "TOOLGATE_CA_FILE",
+    "TOOLGATE_CLIENT_CERT_FILE",
+    "TOOLGATE_CLIENT_KEY_FILE",
     "TOOLGATE_AGENT_TOKEN",
     "TOOLGATE_APPROVER_TOKEN",
     "TOOLGATE_ADMIN_TOKEN",
@@ -263,6 +295,23 @@ impl Config {
             match *key {
                 "server.listen" => raw.server.listen = Some(value.clone()),
                 "server.drain_timeout_ms" => raw.server.drain_timeout_ms = Some(number(value)?),
+                "server.max_concurrent_calls" => {
+                    raw.server.max_concurrent_calls = Some(
+                        usize::try_from(number(value)?)
+                            .map_err(|_| format!("{name} is too large"))?,
+                    );
+                }
+                "server.max_queued_calls" => {
+                    raw.server.max_queued_calls = Some(
+                        usize::try_from(number(value)?)
+                            .map_err(|_| format!("{name} is too large"))?,
+                    );
+                }
+                "server.tls.cert_file" => raw.server.tls.cert_file = Some(value.clone()),
+                "server.tls.key_file" => raw.server.tls.key_file = Some(value.clone()),
+                "server.tls.client_ca_file" => {
+                    raw.server.tls.client_ca_file = Some(value.clone());
+                }
                 "storage.database" => raw.storage.database = Some(value.clone()),
                 "storage.schema" => raw.storage.schema = Some(value.clone()),
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
@@ -319,6 +368,11 @@ impl Config {
                 "server.drain_timeout_ms must be at most {MAX_DRAIN_TIMEOUT_MS} (an hour), got {drain_timeout_ms}"
             ));
         }
+        let limits = call_limits(raw.server.max_concurrent_calls, raw.server.max_queued_calls)?;
+        let tls = match tls_paths(raw.server.tls)? {
+            Some(paths) => Some(ServerTls::load(paths)?),
+            None => None,
+        };
         let database = raw
             .storage
             .database
@@ -414,6 +468,8 @@ impl Config {
         };
         Ok(Config {
             listen,
+            tls,
+            limits,
             drain_timeout: Duration::from_millis(drain_timeout_ms),
             database,
             admin_token_file: PathBuf::from(
@@ -433,6 +489,66 @@ impl Config {
             shopify,
             aws,
         })
+    }
+}
+
+/// `server.max_concurrent_calls` (at least 1) and `server.max_queued_calls` (0: no queue).
+fn call_limits(
+    max_concurrent: Option<usize>,
+    max_queued: Option<usize>,
+) -> Result<CallLimits, String> {
+    let defaults = CallLimits::default();
+    let limits = CallLimits {
+        max_concurrent: max_concurrent.unwrap_or(defaults.max_concurrent),
+        max_queued: max_queued.unwrap_or(defaults.max_queued),
+    };
+    if limits.max_concurrent == 0 || limits.max_concurrent > MAX_CALL_LIMIT {
+        return Err(format!(
+            "server.max_concurrent_calls must be between 1 and {MAX_CALL_LIMIT}, got {}",
+            limits.max_concurrent
+        ));
+    }
+    if limits.max_queued > MAX_CALL_LIMIT {
+        return Err(format!(
+            "server.max_queued_calls must be at most {MAX_CALL_LIMIT}, got {}",
+            limits.max_queued
+        ));
+    }
+    Ok(limits)
+}
+
+/// `[server.tls]`: nothing (plaintext), or a certificate and its key, and optionally the CAs
+/// of client certificates (mTLS).
+fn tls_paths(raw: RawTls) -> Result<Option<TlsPaths>, String> {
+    let path = |key: &str, value: Option<String>| -> Result<Option<PathBuf>, String> {
+        match value {
+            Some(text) if text.trim().is_empty() => Err(format!(
+                "server.tls.{key} is empty; name a PEM file or leave it out"
+            )),
+            Some(text) => Ok(Some(PathBuf::from(text))),
+            None => Ok(None),
+        }
+    };
+    let cert_file = path("cert_file", raw.cert_file)?;
+    let key_file = path("key_file", raw.key_file)?;
+    let client_ca_file = path("client_ca_file", raw.client_ca_file)?;
+    match (cert_file, key_file) {
+        (Some(cert_file), Some(key_file)) => Ok(Some(TlsPaths {
+            cert_file,
+            key_file,
+            client_ca_file,
+        })),
+        (Some(_), None) => Err(
+            "server.tls.cert_file is set but server.tls.key_file is not: TLS needs both".to_owned(),
+        ),
+        (None, Some(_)) => Err(
+            "server.tls.key_file is set but server.tls.cert_file is not: TLS needs both".to_owned(),
+        ),
+        (None, None) if client_ca_file.is_some() => Err(
+            "server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file: client certificates are checked only over TLS"
+                .to_owned(),
+        ),
+        (None, None) => Ok(None),
     }
 }
 
@@ -629,6 +745,47 @@ mod tests {
             ),
             ("[connectors.shopify]\ntoken = \"x\"", &[], "token"),
             (
+                "[server]\nmax_concurrent_calls = 0",
+                &[],
+                "server.max_concurrent_calls",
+            ),
+            (
+                "",
+                &[("TOOLGATE_MAX_QUEUED_CALLS", "many")],
+                "server.max_queued_calls",
+            ),
+            (
+                "[server]\nmax_queued_calls = 1000001",
+                &[],
+                "server.max_queued_calls",
+            ),
+            ("[server.tls]\ncert = \"x\"", &[], "cert"),
+            (
+                "[server.tls]\ncert_file = \"server.pem\"",
+                &[],
+                "server.tls.key_file",
+            ),
+            (
+                "",
+                &[("TOOLGATE_TLS_KEY_FILE", "server.key")],
+                "server.tls.cert_file",
+            ),
+            (
+                "[server.tls]\nclient_ca_file = \"ca.pem\"",
+                &[],
+                "server.tls.client_ca_file",
+            ),
+            (
+                "[server.tls]\ncert_file = \"\"\nkey_file = \"k\"",
+                &[],
+                "server.tls.cert_file",
+            ),
+            (
+                "[server.tls]\ncert_file = \"/nonexistent/server.pem\"\nkey_file = \"/nonexistent/server.key\"",
+                &[],
+                "server.tls.cert_file",
+            ),
+            (
                 "[connectors.shopify]\napi_version = \"latest\"",
                 &[],
                 "connectors.shopify.api_version",
@@ -757,6 +914,143 @@ mod tests {
     }
 
     #[test]
+    fn call_limits_are_read_and_bounded() {
+        assert_eq!(load("", &[]).unwrap().limits, CallLimits::default());
+        // (file, environment, max_concurrent, max_queued)
+        let cases: &[(&str, &[(&str, &str)], usize, usize)] = &[
+            (
+                "[server]\nmax_concurrent_calls = 8\nmax_queued_calls = 0",
+                &[],
+                8,
+                0,
+            ),
+            ("", &[("TOOLGATE_MAX_CONCURRENT_CALLS", "3")], 3, 512),
+            (
+                "[server]\nmax_queued_calls = 5",
+                &[("TOOLGATE_MAX_QUEUED_CALLS", "7")],
+                256,
+                7,
+            ),
+        ];
+        for (text, pairs, max_concurrent, max_queued) in cases {
+            let limits = load(text, pairs).unwrap().limits;
+            assert_eq!(
+                limits,
+                CallLimits {
+                    max_concurrent: *max_concurrent,
+                    max_queued: *max_queued
+                },
+                "{text:?} {pairs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_read_from_the_file_and_the_environment() {
+        use crate::tls::tests::{TestCa, files};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("test ca");
+        let (cert, key) = ca.issue();
+        files(
+            dir.path(),
+            &[
+                ("cert.pem", &cert),
+                ("key.pem", &key),
+                ("ca.pem", &ca.cert_pem),
+            ],
+        );
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        assert!(load("", &[]).unwrap().tls.is_none());
+        let text = format!(
+            "[server.tls]\ncert_file = {:?}\nkey_file = {:?}",
+            path("cert.pem"),
+            path("key.pem")
+        );
+        let tls = load(&text, &[]).unwrap().tls.expect("tls");
+        assert_eq!(tls.paths.cert_file, dir.path().join("cert.pem"));
+        assert!(!tls.requires_client_certificates());
+        let ca_file = path("ca.pem");
+        let tls = load(&text, &[("TOOLGATE_TLS_CLIENT_CA_FILE", &ca_file)])
+            .unwrap()
+            .tls
+            .expect("tls");
+        assert!(tls.requires_client_certificates());
+        let (cert_file, key_file) = (path("cert.pem"), path("key.pem"));
+        let from_env = load(
+            "",
+            &[
+                ("TOOLGATE_TLS_CERT_FILE", &cert_file),
+                ("TOOLGATE_TLS_KEY_FILE", &key_file),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            from_env.tls.expect("tls").paths.key_file,
+            dir.path().join("key.pem")
+        );
+        // A bad file is refused when the configuration loads, naming the key.
+        let missing = path("missing.pem");
+        let err = load(&text, &[("TOOLGATE_TLS_KEY_FILE", &missing)]).unwrap_err();
+        assert!(
+            err.contains("server.tls.key_file") && err.contains("missing.pem"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn non_loopback_plaintext_is_warned_about() {
+        assert!(load("", &[]).unwrap().warnings().is_empty());
+        assert!(
+            load("[server]\nlisten = \"[::1]:1\"", &[])
+                .unwrap()
+                .warnings()
+                .is_empty()
+        );
+        let warnings = load("[server]\nlisten = \"0.0.0.0:50051\"", &[])
+            .unwrap()
+            .warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("clear text"), "{warnings:?}");
+        assert!(warnings[0].contains("server.tls"), "{warnings:?}");
+    }
+
+    #[test]
+    fn the_effective_configuration_fills_defaults_and_elides_secrets() {
+        let config = load(
+            "[server]\nmax_queued_calls = 9\n[storage]\ndatabase = \"postgres://u:hunter2@127.0.0.1:5432/test?password=hunter2\"\nschema = \"tg\"",
+            &[("TOOLGATE_MASTER_KEYS", "k1=c2VjcmV0LWtleS1ieXRlcw==")],
+        )
+        .unwrap();
+        let shown = toml::to_string(&config.effective()).unwrap();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("c2VjcmV0"), "{shown}");
+        let effective = config.effective();
+        let get = |section: &str, key: &str| effective[section][key].clone();
+        assert_eq!(get("server", "listen").as_str(), Some("127.0.0.1:50051"));
+        assert_eq!(get("server", "max_queued_calls").as_integer(), Some(9));
+        assert_eq!(
+            get("server", "max_concurrent_calls").as_integer(),
+            Some(256)
+        );
+        assert_eq!(get("server", "drain_timeout_ms").as_integer(), Some(30_000));
+        assert_eq!(get("engine", "max_timeout_ms").as_integer(), Some(300_000));
+        assert_eq!(
+            get("storage", "database").as_str(),
+            Some("postgres://u@127.0.0.1:5432/test")
+        );
+        assert_eq!(get("secrets", "master_keys").as_str(), Some("[REDACTED]"));
+        // What is shown (the inline keys aside) loads back as the same configuration.
+        let mut again = effective.clone();
+        again["secrets"]
+            .as_table_mut()
+            .unwrap()
+            .remove("master_keys");
+        let reloaded = load(&toml::to_string(&again).unwrap(), &[]).unwrap();
+        assert_eq!(reloaded.effective()["engine"], effective["engine"]);
+        assert_eq!(reloaded.effective()["server"], effective["server"]);
+    }
+
+    #[test]
     fn the_drain_timeout_is_read_and_bounded() {
         assert_eq!(
             load("", &[]).unwrap().drain_timeout,
@@ -847,6 +1141,8 @@ mod tests {
         assert_eq!(config.master_keys.as_deref(), Some("k1=AAAA"));
     }
 }
+
+mod show;
 
 #[cfg(test)]
 mod proptests;

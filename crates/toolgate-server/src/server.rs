@@ -1,9 +1,11 @@
 //! Serving: opens the ledger, issues the first admin token, wires the services behind
 //! authentication and the drain, and serves gRPC until a shutdown, then drains.
 
+use std::future::Future;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,7 @@ use crate::connectors::build_registry;
 use crate::drain::{Drain, Draining};
 use crate::files::{refuse_shared_file, write_private_file};
 use crate::keys;
+use crate::overload::{Admission, Overload};
 use crate::services::{AdminApi, AgentApi, ApprovalApi, Shared};
 use crate::telemetry::TraceLayer;
 
@@ -41,6 +44,9 @@ pub async fn serve(
     shutdown: impl Stream<Item = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    for warning in config.warnings() {
+        warn!("{warning}");
+    }
     let registry = build_registry(
         &config.disabled_connectors,
         &config.slack,
@@ -59,8 +65,16 @@ pub async fn serve_with(
     shutdown: impl Stream<Item = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let bind = Bind::Listener(listener);
+    for warning in config.warnings() {
+        warn!("{warning}");
+    }
     run(config, registry, bind, shutdown.boxed(), Instant::now()).await
 }
+
+/// The agent service's methods that execute tools, which [`Admission`] limits. Runs, lists,
+/// results and waits stay answerable under load, as do the admin and approval services and
+/// health checks.
+const LIMITED_METHODS: &[&str] = &["/toolgate.v1.AgentService/ExecuteTool"];
 
 /// Where the server listens: `config.listen`, bound once the ledger is ready, or a listener
 /// bound already.
@@ -160,9 +174,6 @@ async fn run(
 
     let listener = bind(bind_to, config.listen).await?;
     let local = listener.local_addr()?;
-    // `Server::tcp_nodelay` does not apply to a listener handed in, so set it on the incoming
-    // stream: without it, small responses wait for Nagle and delayed ACKs.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
 
     let auth = Arc::new(Authenticator::new(Arc::clone(&store), TOKEN_CACHE_TTL));
     // Replicas sharing the store: another one's change to flags, grants, policies, tokens or
@@ -199,24 +210,35 @@ async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    info!(address = %local, database = %config.database, startup_ms = started.elapsed().as_millis(), "toolgate listening");
+    let tls = match &config.tls {
+        Some(tls) if tls.requires_client_certificates() => "mtls",
+        Some(_) => "tls",
+        None => "plaintext",
+    };
+    info!(address = %local, database = %config.database, tls, max_concurrent_calls = config.limits.max_concurrent, max_queued_calls = config.limits.max_queued, startup_ms = started.elapsed().as_millis(), "toolgate listening");
     announce(&format!("toolgate listening on {local}"));
 
     // Requests as large as the largest argument the engine accepts must reach it (and be
     // refused there, naming the limit), and answers carry up to two copies of one.
     let limits = MessageLimits::for_arguments(config.engine.max_argument_bytes);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let admission = Admission::new(config.limits);
+    let router = tonic::transport::Server::builder()
         .layer(TraceLayer)
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(Draining::new(
-            AuthLayer::new(&auth, Role::Agent).layer(
-                AgentServiceServer::new(AgentApi(shared.clone()))
-                    .max_decoding_message_size(limits.decoding)
-                    .max_encoding_message_size(limits.encoding),
+        .add_service(Overload::new(
+            Draining::new(
+                AuthLayer::new(&auth, Role::Agent).layer(
+                    AgentServiceServer::new(AgentApi(shared.clone()))
+                        .max_decoding_message_size(limits.decoding)
+                        .max_encoding_message_size(limits.encoding),
+                ),
+                &drain,
             ),
+            &admission,
             &drain,
+            LIMITED_METHODS,
         ))
         .add_service(Draining::new(
             AuthLayer::new(&auth, Role::Approver).layer(
@@ -233,11 +255,23 @@ async fn run(
                     .max_encoding_message_size(limits.encoding),
             ),
             &drain,
-        ))
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stopped.await;
-        });
-    let mut server = std::pin::pin!(server);
+        ));
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    let mut server: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+        match &config.tls {
+            Some(tls) => {
+                Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), stopped))
+            }
+            None => {
+                // `Server::tcp_nodelay` does not apply to a listener handed in, so set it on the
+                // incoming stream: without it, small responses wait for Nagle and delayed ACKs.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            }
+        };
     tokio::select! {
         served = &mut server => {
             served?;
@@ -412,6 +446,12 @@ async fn sweep_loop(engine: Arc<Engine>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_limited_method_is_the_agent_services_execute_tool() {
+        let name = <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME;
+        assert_eq!(LIMITED_METHODS, [format!("/{name}/ExecuteTool")]);
+    }
 
     #[test]
     fn message_limits_follow_the_argument_limit() {

@@ -70,6 +70,12 @@ pub enum ServiceError {
     /// A shutdown has begun.
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    /// The gateway is at its call limits (the message names them); nothing was started.
+    #[error("{0}")]
+    Overloaded(String),
+    /// The client's deadline passed before the call could start; nothing was started.
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// The engine refused or failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -113,6 +119,8 @@ fn code_and_message(error: ServiceError) -> (Code, String) {
         error @ ServiceError::NotFound(_) => (Code::NotFound, error.to_string()),
         ServiceError::FailedPrecondition(message) => (Code::FailedPrecondition, message),
         ServiceError::ShuttingDown => (Code::Unavailable, SHUTTING_DOWN.to_owned()),
+        ServiceError::Overloaded(message) => (Code::ResourceExhausted, message),
+        ServiceError::DeadlineExceeded(message) => (Code::DeadlineExceeded, message),
         ServiceError::Engine(error) => engine(error),
         ServiceError::Ledger(error) => engine(EngineError::from(error)),
     }
@@ -239,6 +247,16 @@ mod tests {
                 SHUTTING_DOWN.into(),
             ),
             (
+                ServiceError::Overloaded("at the limit of 2 (server.max_concurrent_calls)".into()),
+                Code::ResourceExhausted,
+                "at the limit of 2 (server.max_concurrent_calls)".into(),
+            ),
+            (
+                ServiceError::DeadlineExceeded("passed while waiting".into()),
+                Code::DeadlineExceeded,
+                "passed while waiting".into(),
+            ),
+            (
                 EngineError::InvalidRequest("tool_name: empty".into()).into(),
                 Code::InvalidArgument,
                 "tool_name: empty".into(),
@@ -333,7 +351,7 @@ mod tests {
     }
 
     /// How many variants [`variant`] names.
-    const VARIANTS: usize = 29;
+    const VARIANTS: usize = 31;
 
     /// A name per variant, the engine's and the ledger's included.
     fn variant(error: &ServiceError) -> &'static str {
@@ -350,6 +368,8 @@ mod tests {
             ServiceError::PermissionDenied(_) => "PermissionDenied",
             ServiceError::FailedPrecondition(_) => "FailedPrecondition",
             ServiceError::ShuttingDown => "ShuttingDown",
+            ServiceError::Overloaded(_) => "Overloaded",
+            ServiceError::DeadlineExceeded(_) => "DeadlineExceeded",
             ServiceError::Engine(error) => match error {
                 EngineError::InvalidRequest(_) => "Engine::InvalidRequest",
                 EngineError::NotFound(_) => "Engine::NotFound",

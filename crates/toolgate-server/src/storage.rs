@@ -135,7 +135,7 @@ fn check_schema(schema: &str) -> Result<(), String> {
 }
 
 /// A PostgreSQL URL without its password or query (which may carry one), for display.
-fn without_secrets(text: &str) -> String {
+pub(crate) fn without_secrets(text: &str) -> String {
     let Ok(mut url) = url::Url::parse(text) else {
         return "postgres://(unparsable URL)".to_owned();
     };

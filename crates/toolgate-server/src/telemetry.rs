@@ -234,7 +234,12 @@ mod tests {
     }
 
     /// An environment, the log format and trace endpoint it gives, and the service name.
-    type Case<'a> = (&'a [(&'a str, &'a str)], LogFormat, Option<&'a str>, &'a str);
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        LogFormat,
+        Option<&'a str>,
+        &'a str,
+    );
 
     #[test]
     fn the_environment_decides_logs_and_traces() {

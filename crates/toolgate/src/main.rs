@@ -57,6 +57,11 @@ enum Command {
     /// Opens a run and executes one tool, printing the outcome as JSON (needs an agent token:
     /// TOOLGATE_AGENT_TOKEN or --token-file).
     Call(cli::CallArgs),
+    /// Checks or prints the configuration `serve` would use (file and environment).
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Lists the tools this build serves.
     Tools {
         /// Prints full JSON definitions.
@@ -68,6 +73,33 @@ enum Command {
         #[command(subcommand)]
         command: cli::LedgerCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validates the file and the environment exactly as `serve` would (TLS files included),
+    /// without binding a port or opening the ledger; exits 1 naming the problem.
+    Check {
+        /// TOML configuration file (default: ./toolgate.toml when present).
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Prints the effective configuration: file and environment applied, defaults filled in,
+    /// secrets elided.
+    Show {
+        /// TOML configuration file (default: ./toolgate.toml when present).
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = ShowFormat::Toml)]
+        format: ShowFormat,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ShowFormat {
+    Toml,
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -135,16 +167,16 @@ async fn run(cli: Cli, env: BTreeMap<String, String>) -> anyhow::Result<ExitCode
             listen,
             database,
         } => {
-            let config = toolgate_server::Config::load(
-                config.as_deref(),
+            let config = load_config(
                 &env,
+                config.as_deref(),
                 listen.as_deref(),
                 database.as_deref(),
-            )
-            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+            )?;
             toolgate_server::serve(config, shutdown_requests()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config { command } => config_command(&env, command),
         Command::Admin { conn, command } => cli::admin(conn, command).await,
         Command::Secrets { conn, command } => cli::secrets(conn, command).await,
         Command::Approvals { conn, command } => cli::approvals(conn, command).await,
@@ -152,6 +184,63 @@ async fn run(cli: Cli, env: BTreeMap<String, String>) -> anyhow::Result<ExitCode
         Command::Tools { json } => cli::tools(json),
         Command::Ledger { command } => cli::ledger(command).await,
     }
+}
+
+/// The configuration from `file` (or ./toolgate.toml) and the environment, validated.
+fn load_config(
+    env: &BTreeMap<String, String>,
+    file: Option<&std::path::Path>,
+    listen: Option<&str>,
+    database: Option<&str>,
+) -> anyhow::Result<toolgate_server::Config> {
+    toolgate_server::Config::load(file, env, listen, database)
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
+}
+
+#[allow(
+    clippy::print_stdout,
+    reason = "the configuration and the check's verdict are the commands' output"
+)]
+fn config_command(
+    env: &BTreeMap<String, String>,
+    command: ConfigCommand,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        ConfigCommand::Check { config } => {
+            let loaded = load_config(env, config.as_deref(), None, None)?;
+            for warning in loaded.warnings() {
+                eprintln!("warning: {warning}");
+            }
+            let source = match &config {
+                Some(file) => file.display().to_string(),
+                None if std::path::Path::new(toolgate_server::config::DEFAULT_CONFIG_FILE)
+                    .exists() =>
+                {
+                    toolgate_server::config::DEFAULT_CONFIG_FILE.to_owned()
+                }
+                None => "defaults".to_owned(),
+            };
+            let tls = match &loaded.tls {
+                Some(tls) if tls.requires_client_certificates() => "TLS with client certificates",
+                Some(_) => "TLS",
+                None => "plaintext",
+            };
+            println!(
+                "configuration OK ({source} and the environment): would listen on {} ({tls}), ledger {}",
+                loaded.listen, loaded.database
+            );
+        }
+        ConfigCommand::Show { config, format } => {
+            let loaded = load_config(env, config.as_deref(), None, None)?;
+            let effective = loaded.effective();
+            let text = match format {
+                ShowFormat::Toml => toml::to_string(&effective)?,
+                ShowFormat::Json => format!("{}\n", serde_json::to_string_pretty(&effective)?),
+            };
+            print!("{text}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM, each time one arrives: the first begins the drain, a second one

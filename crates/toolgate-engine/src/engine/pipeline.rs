@@ -139,10 +139,18 @@ impl Engine {
         if admitted.decided.decision.decision.needs_approval() {
             return self.approval(call, admitted).await;
         }
-        let timeout = call
+        let configured = call
             .timeout
             .unwrap_or(admitted.tool.spec.default_timeout)
             .min(self.config.max_timeout);
+        // The caller's deadline caps it: running on after the caller stopped waiting would
+        // only hold a slot for an answer nobody reads.
+        let timeout = match request.deadline {
+            Some(deadline) => {
+                configured.min(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            }
+            None => configured,
+        };
         let verdict = admitted.decided.verdict();
         let Admitted {
             tool,

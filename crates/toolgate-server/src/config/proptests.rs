@@ -11,7 +11,15 @@ use super::{Config, ENV_KEYS, RawConfig};
 
 /// Every key the file accepts, by section.
 const KEYS: &[(&str, &[&str])] = &[
-    ("server", &["listen", "drain_timeout_ms"]),
+    (
+        "server",
+        &[
+            "listen",
+            "drain_timeout_ms",
+            "max_concurrent_calls",
+            "max_queued_calls",
+        ],
+    ),
     ("storage", &["database", "schema"]),
     ("auth", &["admin_token_file"]),
     (

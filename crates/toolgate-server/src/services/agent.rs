@@ -15,6 +15,7 @@ use super::watch::{self, RunEventStream};
 use super::{Shared, page_size};
 use crate::auth::{Caller, caller};
 use crate::convert::{self, parse_id};
+use crate::overload::CallDeadline;
 use crate::status::{ServiceError, status};
 
 /// The agent-facing service.
@@ -142,6 +143,11 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::ToolCallResult>, Status> {
         let caller = caller(&request)?;
         let (tenant, agent) = agent_scope(&caller)?;
+        // Set by the overload layer from the client's `grpc-timeout`.
+        let deadline = request
+            .extensions()
+            .get::<CallDeadline>()
+            .map(|deadline| deadline.0);
         let body = request.into_inner();
         let outcome = self
             .0
@@ -155,6 +161,7 @@ impl AgentService for AgentApi {
                 arguments_json: body.arguments_json,
                 correlation_id: body.correlation_id,
                 timeout: (body.timeout_ms != 0).then(|| Duration::from_millis(body.timeout_ms)),
+                deadline,
             })
             .await
             .map_err(status)?;

@@ -7,6 +7,7 @@ mod call;
 mod ledger;
 mod output;
 mod secrets;
+mod tls;
 mod tools;
 
 use std::path::PathBuf;
@@ -32,9 +33,21 @@ pub(crate) use tools::tools;
 /// process listings): from those variables or `--token-file`.
 #[derive(Debug, Args)]
 pub(crate) struct Connection {
-    /// The gateway's address. A gateway that is still starting is waited for up to 10 s.
+    /// The gateway's address: `http://` (plaintext) or `https://` (TLS). A gateway that is
+    /// still starting is waited for up to 10 s.
     #[arg(long, env = "TOOLGATE_ADDR", default_value = "http://127.0.0.1:50051")]
     addr: String,
+    /// For an https:// address: the CA certificate(s) (PEM) to check the gateway's
+    /// certificate against, instead of the system's.
+    #[arg(long, env = "TOOLGATE_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// For a gateway that requires client certificates (mTLS): this client's certificate
+    /// (PEM), with --key-file.
+    #[arg(long, env = "TOOLGATE_CLIENT_CERT_FILE")]
+    cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --cert-file.
+    #[arg(long, env = "TOOLGATE_CLIENT_KEY_FILE")]
+    key_file: Option<PathBuf>,
     /// A file holding the token, instead of the role's variable (admin commands: instead of
     /// TOOLGATE_ADMIN_TOKEN and ./toolgate-admin.token).
     #[arg(long)]
@@ -130,9 +143,14 @@ impl Connection {
         };
         let endpoint = Channel::from_shared(self.addr.clone())
             .with_context(|| format!("invalid address `{}`", self.addr))?;
+        let tls = self.tls_connector()?;
         let started = std::time::Instant::now();
         let channel = loop {
-            match endpoint.connect().await {
+            let connected = match &tls {
+                Some(connector) => endpoint.connect_with_connector(connector.clone()).await,
+                None => endpoint.connect().await,
+            };
+            match connected {
                 Ok(channel) => break channel,
                 Err(error) if refused(&error) && started.elapsed() < CONNECT_PATIENCE => {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -153,6 +171,26 @@ impl Connection {
             .parse()
             .context("the token contains characters not allowed in a header")?;
         Ok(InterceptedService::new(channel, Bearer(header)))
+    }
+
+    /// The TLS connector for an `https://` address; `None` for `http://`, where TLS files
+    /// would be ignored and so are refused.
+    fn tls_connector(&self) -> anyhow::Result<Option<tls::TlsConnector>> {
+        let files = tls::ClientFiles {
+            ca_file: self.ca_file.as_deref(),
+            cert_file: self.cert_file.as_deref(),
+            key_file: self.key_file.as_deref(),
+        };
+        if self.addr.starts_with("https://") {
+            return Ok(Some(tls::TlsConnector::new(files)?));
+        }
+        if files.ca_file.is_some() || files.cert_file.is_some() || files.key_file.is_some() {
+            bail!(
+                "--ca-file, --cert-file and --key-file (TOOLGATE_CA_FILE, TOOLGATE_CLIENT_CERT_FILE, TOOLGATE_CLIENT_KEY_FILE) apply to an https:// address; {} is plaintext",
+                self.addr
+            );
+        }
+        Ok(None)
     }
 
     /// The token for `role`: `--token-file`, else the role's variable, else (admin only) the
