@@ -913,11 +913,13 @@ mod tests {
         assert!(err.contains("endpoint"), "{err}");
     }
 
+    /// A file, an environment, and the max_concurrent and max_queued they give.
+    type LimitCase<'a> = (&'a str, &'a [(&'a str, &'a str)], usize, usize);
+
     #[test]
     fn call_limits_are_read_and_bounded() {
         assert_eq!(load("", &[]).unwrap().limits, CallLimits::default());
-        // (file, environment, max_concurrent, max_queued)
-        let cases: &[(&str, &[(&str, &str)], usize, usize)] = &[
+        let cases: &[LimitCase<'_>] = &[
             (
                 "[server]\nmax_concurrent_calls = 8\nmax_queued_calls = 0",
                 &[],
