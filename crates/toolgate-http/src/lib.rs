@@ -24,7 +24,8 @@
 //!   values or bodies. Bodies are capped (default 10 MiB).
 //! - **Observability**: a `http.call` span per call and an event per attempt (method, host,
 //!   path without query passed through core's `Redactor`, status, latency, attempt, retry
-//!   reason).
+//!   reason); an [`HttpObserver`] given in [`VendorConfig::observer`] is told of each attempt,
+//!   retry, spent retry budget and rate-limit wait, per host (this crate keeps no metrics).
 //!
 //! Public signatures use the `http` crate's `Method`, `StatusCode` and `HeaderMap` (the
 //! ecosystem's shared vocabulary, also what reqwest re-exports) and `bytes::Bytes`; reqwest
@@ -56,6 +57,7 @@ mod client;
 mod config;
 mod error;
 mod limit;
+mod observe;
 mod retry;
 mod ssrf;
 
@@ -63,6 +65,7 @@ pub use client::{HttpClient, Request, Response};
 pub use config::{DEFAULT_MAX_BODY_BYTES, VendorConfig};
 pub use error::{ErrorKind, HttpError};
 pub use limit::RateLimit;
+pub use observe::{AttemptOutcome, HttpObserver, NoHttpObserver};
 pub use retry::{RetryBudget, RetryPolicy, requested_wait};
 pub use ssrf::{
     DnsResolver, Resolving, StaticResolver, SystemResolver, check_target, refused_range,

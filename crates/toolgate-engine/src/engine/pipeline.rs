@@ -25,6 +25,7 @@ pub use parse::decode_arguments;
 
 use super::Engine;
 use crate::error::EngineError;
+use crate::observe::CallReport;
 use crate::outcome::{ExecuteOutcome, ExecuteRequest};
 
 /// A decision and risk level, as reported in outcomes.
@@ -111,7 +112,34 @@ impl Engine {
     /// they are normal results the LLM can explain. `Err` means the request itself could not
     /// be served (malformed ids, an unknown run, a reused tool_use_id, the ledger failing).
     pub async fn execute(&self, request: ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
-        let (mut call, arguments) = self.parse(&request).await?;
+        let started = std::time::Instant::now();
+        let answer = self.execute_steps(&request).await;
+        let report = match &answer {
+            Ok(outcome) => CallReport {
+                requested_tool: &request.tool,
+                status: Some(outcome.status),
+                decision: outcome.decision,
+                total: started.elapsed(),
+                connector: if outcome.replayed {
+                    Duration::ZERO
+                } else {
+                    outcome.duration
+                },
+            },
+            Err(_) => CallReport {
+                requested_tool: &request.tool,
+                status: None,
+                decision: None,
+                total: started.elapsed(),
+                connector: Duration::ZERO,
+            },
+        };
+        self.observer.call_finished(&report);
+        answer
+    }
+
+    async fn execute_steps(&self, request: &ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
+        let (mut call, arguments) = self.parse(request).await?;
         let admitted = match self.admit(&mut call, arguments).await {
             Ok(admitted) => admitted,
             Err(Stop::Refused(refusal)) => return self.refuse(call, refusal).await,

@@ -96,7 +96,10 @@ impl Engine {
             timeout,
         )
         .await;
-        let ending = self.normalize(call, &tool.spec, timeout, invocation, started.elapsed());
+        let elapsed = started.elapsed();
+        self.observer
+            .connector_finished(tool.spec.name.as_str(), elapsed);
+        let ending = self.normalize(call, &tool.spec, timeout, invocation, elapsed);
         self.finish(call, verdict, ending).await
     }
 
