@@ -42,6 +42,7 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("aws-types", &["toolgate-aws"]),
     ("aws-runtime", &["toolgate-aws"]),
     ("aws-sigv4", &["toolgate-aws"]),
+    ("prometheus-client", &["toolgate-server"]),
 ];
 
 /// Libraries that do I/O or run async tasks: core and policy depend on none of them, not even

@@ -10,6 +10,7 @@ pub mod convert;
 mod drain;
 pub mod files;
 pub mod keys;
+pub mod metrics;
 mod server;
 mod services;
 pub mod status;
