@@ -40,6 +40,8 @@
 //!   (8 to 256), to pick `--concurrency`.
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
+//! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
+//!   port), to compare the throughput with metrics on and off.
 //!
 //! Internal: `--no-build` (the parent already built everything) and `--echo-server`.
 
@@ -109,6 +111,7 @@ struct Options {
     no_build: bool,
     echo_server: bool,
     redaction_only: bool,
+    metrics: bool,
 }
 
 /// Concurrencies tried by `--sweep`.
@@ -131,6 +134,7 @@ impl Options {
             no_build: false,
             echo_server: false,
             redaction_only: false,
+            metrics: false,
         };
         let mut starts: Option<usize> = None;
         let mut rest = args.iter();
@@ -159,6 +163,7 @@ impl Options {
                 "--no-build" => options.no_build = true,
                 "--echo-server" => options.echo_server = true,
                 "--redaction-only" => options.redaction_only = true,
+                "--metrics" => options.metrics = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
         }
@@ -178,7 +183,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -249,7 +254,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     drop(echo);
 
     println!("\n==> gateway ({})", gateway_binary.display());
-    let gateway = Gateway::start(&gateway_binary, None)?;
+    let gateway = Gateway::start(&gateway_binary, None, options.metrics)?;
     let gateway_target = runtime.block_on(gateway.prepare())?;
     let sweep = if options.sweep {
         runtime.block_on(sweep_concurrency(options, &gateway_target, gateway.pid()))?
@@ -277,7 +282,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         options.starts
     );
     let startups: Vec<StartupSample> = (0..options.starts)
-        .map(|_| runtime.block_on(process::time_startup(&gateway_binary)))
+        .map(|_| runtime.block_on(process::time_startup(&gateway_binary, options.metrics)))
         .collect::<anyhow::Result<_>>()?;
 
     let report = Report {
@@ -288,6 +293,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             rate: options.rate,
             client_threads: options.client_threads,
             quick: options.quick,
+            metrics: options.metrics,
         },
         echo: TargetFigures {
             closed: echo_closed,
@@ -321,7 +327,7 @@ async fn measure_postgres(
 ) -> anyhow::Result<TargetFigures> {
     let schema = format!("toolgate_bench_{}", std::process::id());
     println!("\n==> gateway on PostgreSQL (schema {schema})");
-    let gateway = Gateway::start(gateway_binary, Some((url, &schema)))?;
+    let gateway = Gateway::start(gateway_binary, Some((url, &schema)), options.metrics)?;
     let result = async {
         let target = gateway.prepare().await?;
         let (closed, open) = measure_target(options, &target, gateway.pid()).await?;
