@@ -14,14 +14,15 @@
 //!
 //! The set-up tests repeat (a tenant, its agent, grants, the kill switch, tokens, a policy,
 //! credentials, the connector fakes' configuration) is in [`setup`]; the gateways of a test
-//! that runs on both backends (one on SQLite, two replicas on PostgreSQL) in [`cluster`].
+//! that runs on both backends (one on SQLite, two replicas on PostgreSQL) in [`cluster`];
+//! reading a gateway's `/metrics` through the Prometheus parser in [`metrics`].
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::Connection as _;
@@ -33,6 +34,7 @@ use toolgate_proto::v1::admin_service_client::AdminServiceClient;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
 pub mod cluster;
+pub mod metrics;
 pub mod pki;
 pub mod setup;
 pub use cluster::{Backend, Cluster};
@@ -74,6 +76,9 @@ pub struct Gateway {
     pub url: String,
     /// The bootstrap admin token.
     pub admin_token: String,
+    /// `http://127.0.0.1:PORT/metrics`, when the gateway serves metrics
+    /// (`TOOLGATE_METRICS_LISTEN`).
+    pub metrics_url: Option<String>,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -360,8 +365,14 @@ impl GatewayOptions {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
+        let metrics_url = Arc::new(Mutex::new(None));
+        let announced_metrics = Arc::clone(&metrics_url);
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // Announced before the gRPC address, so it is known once that arrives.
+                if let Some(url) = line.strip_prefix("toolgate metrics on ") {
+                    *announced_metrics.lock().unwrap() = Some(url.to_owned());
+                }
                 if let Some(address) = line.strip_prefix("toolgate listening on ") {
                     let _ = tx.send(address.to_owned());
                 }
@@ -393,6 +404,7 @@ impl GatewayOptions {
             dir,
             url: format!("http://{address}"),
             admin_token,
+            metrics_url: metrics_url.lock().unwrap().clone(),
             _temp: temp,
         }
     }

@@ -35,7 +35,9 @@ const OWNERS: &[(&str, &[&str])] = &[
     // TLS of our own listener and CLI client (reqwest and the AWS SDK bring their own).
     ("rustls*", &["toolgate-server", "toolgate"]),
     ("tokio-rustls", &["toolgate-server", "toolgate"]),
-    ("hyper-util", &["toolgate"]),
+    ("hyper-util", &["toolgate", "toolgate-server"]),
+    ("hyper", &["toolgate-server"]),
+    ("http-body-util", &["toolgate-server"]),
     // Test certificates: a dev-dependency only, never in a crate's build.
     ("rcgen", &[]),
     ("reqwest", &["toolgate-http"]),
@@ -63,6 +65,7 @@ const OWNERS: &[(&str, &[&str])] = &[
         &["toolgate-server", "toolgate-engine", "toolgate-http"],
     ),
     ("tracing-subscriber", &["toolgate-server"]),
+    ("prometheus-client", &["toolgate-server"]),
 ];
 
 /// Libraries that do I/O or run async tasks: core and policy depend on none of them, not even

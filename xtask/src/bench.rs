@@ -44,6 +44,8 @@
 //!   (8 to 256), to pick `--concurrency`.
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
+//! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
+//!   port), to compare the throughput with metrics on and off.
 //!
 //! Internal: `--no-build` (the parent already built everything), `--echo-server` and
 //! `--otlp-sink` (the trace receiver of the observed phase, `bench/otlp.rs`).
@@ -119,6 +121,7 @@ struct Options {
     echo_server: bool,
     otlp_sink: bool,
     redaction_only: bool,
+    metrics: bool,
 }
 
 /// Concurrencies tried by `--sweep`.
@@ -142,6 +145,7 @@ impl Options {
             echo_server: false,
             otlp_sink: false,
             redaction_only: false,
+            metrics: false,
         };
         let mut starts: Option<usize> = None;
         let mut rest = args.iter();
@@ -171,6 +175,7 @@ impl Options {
                 "--echo-server" => options.echo_server = true,
                 "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
+                "--metrics" => options.metrics = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
         }
@@ -190,7 +195,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -261,7 +266,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     drop(echo);
 
     println!("\n==> gateway ({})", gateway_binary.display());
-    let gateway = Gateway::start(&gateway_binary, None, &[])?;
+    let gateway = Gateway::start(&gateway_binary, None, options.metrics, &[])?;
     let gateway_target = runtime.block_on(gateway.prepare())?;
     let sweep = if options.sweep {
         runtime.block_on(sweep_concurrency(options, &gateway_target, gateway.pid()))?
@@ -291,7 +296,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         options.starts
     );
     let startups: Vec<StartupSample> = (0..options.starts)
-        .map(|_| runtime.block_on(process::time_startup(&gateway_binary)))
+        .map(|_| runtime.block_on(process::time_startup(&gateway_binary, options.metrics)))
         .collect::<anyhow::Result<_>>()?;
 
     let report = Report {
@@ -302,6 +307,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             rate: options.rate,
             client_threads: options.client_threads,
             quick: options.quick,
+            metrics: options.metrics,
         },
         echo: TargetFigures {
             closed: echo_closed,
@@ -340,7 +346,7 @@ async fn measure_observed(
         ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
         ("OTEL_SERVICE_NAME", "toolgate-bench"),
     ];
-    let gateway = Gateway::start(gateway_binary, None, &env)?;
+    let gateway = Gateway::start(gateway_binary, None, true, &env)?;
     let target = gateway.prepare().await?;
     let (closed, open) = measure_target(options, &target, gateway.pid()).await?;
     let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
@@ -362,7 +368,7 @@ async fn measure_postgres(
 ) -> anyhow::Result<TargetFigures> {
     let schema = format!("toolgate_bench_{}", std::process::id());
     println!("\n==> gateway on PostgreSQL (schema {schema})");
-    let gateway = Gateway::start(gateway_binary, Some((url, &schema)), &[])?;
+    let gateway = Gateway::start(gateway_binary, Some((url, &schema)), options.metrics, &[])?;
     let result = async {
         let target = gateway.prepare().await?;
         let (closed, open) = measure_target(options, &target, gateway.pid()).await?;

@@ -1,6 +1,7 @@
 //! `cargo xtask ci`: the whole test suite, in the order a reviewer would want failures
 //! reported (cheap checks first). It installs what it needs (the Python environment: the
-//! contract tests' grpcio client and the AWS emulator moto) under `target/`, so a fresh clone
+//! contract tests' grpcio client, the AWS emulator moto and the Prometheus parser the metrics
+//! test reads with) under `target/`, so a fresh clone
 //! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
 //! either it fails.
@@ -67,7 +68,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         ],
     )?;
 
-    step("Python environment (grpcio client, moto)");
+    step("Python environment (grpcio client, moto, prometheus_client)");
     let venv = python_env(&root)?;
     let moto_server = venv.join("bin/moto_server");
 
@@ -80,7 +81,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     );
 
     step("cargo test (all features)");
-    let tested = cargo_test(&root, postgres.url_for_tests(), &moto_server);
+    let tested = cargo_test(&root, postgres.url_for_tests(), &moto_server, &venv);
     // Stops a server CI started, before anything else can fail.
     drop(postgres);
     totals.add(tested?);
@@ -141,10 +142,19 @@ fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
 /// The variable the AWS connector's tests read to find `moto_server`.
 const MOTO_ENV: &str = "TOOLGATE_TEST_MOTO_SERVER";
 
+/// The variable the end-to-end tests read to find the Python with the pinned packages (the
+/// metrics test parses `/metrics` with `prometheus_client`).
+const PYTHON_ENV: &str = "TOOLGATE_TEST_PYTHON";
+
 /// Runs `cargo test`, echoing its output and adding up its `test result:` lines. `pg_url`
 /// is given to the tests as `TOOLGATE_TEST_PG_URL` (`None`: they use their default), and
-/// `moto_server` as `TOOLGATE_TEST_MOTO_SERVER`.
-fn cargo_test(root: &Path, pg_url: Option<&str>, moto_server: &Path) -> anyhow::Result<Totals> {
+/// `moto_server` as `TOOLGATE_TEST_MOTO_SERVER`, the venv's Python as `TOOLGATE_TEST_PYTHON`.
+fn cargo_test(
+    root: &Path,
+    pg_url: Option<&str>,
+    moto_server: &Path,
+    venv: &Path,
+) -> anyhow::Result<Totals> {
     let mut command = Command::new(cargo_bin());
     command
         // Every package's tests run even after one fails, so one failure hides nothing.
@@ -161,6 +171,7 @@ fn cargo_test(root: &Path, pg_url: Option<&str>, moto_server: &Path) -> anyhow::
         command.env(pg::URL_ENV, url);
     }
     command.env(MOTO_ENV, moto_server);
+    command.env(PYTHON_ENV, venv.join("bin/python"));
     // The AWS tests use static credentials; nothing may fall back to the instance metadata
     // service.
     command.env("AWS_EC2_METADATA_DISABLED", "true");
@@ -199,7 +210,8 @@ fn count_before(text: &str, label: &str) -> u64 {
 }
 
 /// Creates (or reuses) `target/py/venv` with the pinned requirements: the contract tests'
-/// grpcio client and pytest, and moto for the AWS connector's tests. Answers the venv.
+/// grpcio client and pytest, moto for the AWS connector's tests, and prometheus_client for the
+/// metrics test. Answers the venv.
 fn python_env(root: &Path) -> anyhow::Result<PathBuf> {
     let python = which_python()?;
     let venv = root.join("target/py/venv");

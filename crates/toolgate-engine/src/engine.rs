@@ -25,6 +25,7 @@ pub(crate) use record::hash_json;
 use crate::catalog::Catalog;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
+use crate::observe::{EngineObserver, NoEngineObserver};
 use caches::Caches;
 
 /// The chokepoint. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -45,6 +46,8 @@ pub struct Engine {
     /// of waiting for their next poll; also on every commit of another process sharing the
     /// store, when the store reports those (PostgreSQL).
     events_written: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Told how calls end, how long connectors run and how the caches fare.
+    observer: Arc<dyn EngineObserver>,
 }
 
 impl Engine {
@@ -75,6 +78,7 @@ impl Engine {
             default_policy: Arc::new(default_policy),
             caches,
             events_written: Arc::new(tokio::sync::watch::Sender::new(0)),
+            observer: Arc::new(NoEngineObserver),
         }))
     }
 
@@ -91,6 +95,15 @@ impl Engine {
     #[must_use]
     pub fn with_sealer(mut self, sealer: Arc<dyn Sealer>) -> Engine {
         self.sealer = Some(sealer);
+        self
+    }
+
+    /// Sets who is told how calls end, how long connectors run and how the caches fare (the
+    /// gateway's metrics). Without one, nobody is.
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn EngineObserver>) -> Engine {
+        self.caches.observe(Arc::clone(&observer));
+        self.observer = observer;
         self
     }
 

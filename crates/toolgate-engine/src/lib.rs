@@ -11,6 +11,7 @@ mod config;
 mod engine;
 mod error;
 mod invoke;
+mod observe;
 mod outcome;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
@@ -20,6 +21,7 @@ pub use catalog::{Catalog, llm_tool_name, parse_llm_tool_name};
 pub use config::EngineConfig;
 pub use engine::{Engine, decode_arguments};
 pub use error::EngineError;
+pub use observe::{CacheKind, CallReport, EngineObserver, NoEngineObserver};
 pub use outcome::{
     CreateRun, ExecuteOutcome, ExecuteRequest, ResumeDecision, ResumeOutcome, ResumeRequest,
 };

@@ -5,6 +5,7 @@
 mod answers;
 mod at_rest;
 mod ledgers;
+mod observed;
 #[cfg(feature = "postgres-tests")]
 mod postgres;
 mod resume_promises;

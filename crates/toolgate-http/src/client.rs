@@ -17,6 +17,7 @@ use url::Url;
 use crate::config::VendorConfig;
 use crate::error::{ErrorKind, HttpError};
 use crate::limit::{HostLimits, RateLimit};
+use crate::observe::{AttemptOutcome, HttpObserver};
 use crate::retry::{
     BudgetState, Decision, Failure, GiveUp, Hint, RetryInput, RetryPolicy, server_hint,
 };
@@ -66,6 +67,7 @@ struct Inner {
     allow: Arc<AllowList>,
     max_redirects: u32,
     redactor: Redactor,
+    observer: Arc<dyn HttpObserver>,
 }
 
 /// How one attempt ended, before the retry decision.
@@ -123,6 +125,7 @@ impl HttpClient {
                 allow,
                 max_redirects: config.max_redirects,
                 redactor: Redactor::new(),
+                observer: config.observer,
             }),
         })
     }
@@ -192,6 +195,9 @@ impl HttpClient {
             let admission = inner.limits.admit(host, deadline).await;
             let admission =
                 admission.map_err(|e| e.with_attempts(attempts).reached_vendor(reached))?;
+            if !admission.rate_waited.is_zero() {
+                inner.observer.rate_limit_wait(host, admission.rate_waited);
+            }
             attempts += 1;
             let started = Instant::now();
             // The attempt's span is an OpenTelemetry client span, and its context is what the
@@ -216,6 +222,7 @@ impl HttpClient {
             record_attempt(&attempt_span, &outcome);
             let latency_ms = started.elapsed().as_millis();
             let path = inner.redactor.redact_text(url.path()).into_owned();
+            inner.observer.attempt(host, attempt_outcome(&outcome));
 
             let (failure, hint, final_error) = match outcome {
                 Err(_elapsed) => {
@@ -286,12 +293,14 @@ impl HttpClient {
             let decision = inner.retry.decide(&input);
             let decision = match decision {
                 Decision::Retry { .. } if !inner.budget.try_withdraw(Instant::now()) => {
+                    inner.observer.retry_budget_refused(host);
                     Decision::GiveUp(GiveUp::AttemptsExhausted)
                 }
                 other => other,
             };
             match decision {
                 Decision::Retry { delay, reason } => {
+                    inner.observer.retry(host);
                     tracing::info!(
                         method = %request.method, host, path, status, latency_ms,
                         attempt = attempts, retry_reason = reason.as_str(),
@@ -480,6 +489,20 @@ fn host_label(url: &Url) -> String {
     match url.port() {
         Some(port) => format!("{host}:{port}"),
         None => host,
+    }
+}
+
+/// How an attempt ended, for the observer.
+fn attempt_outcome<E>(outcome: &Result<Result<Response, AttemptError>, E>) -> AttemptOutcome {
+    match outcome {
+        Err(_elapsed) => AttemptOutcome::Timeout,
+        Ok(Ok(response)) => AttemptOutcome::Status(response.status.as_u16()),
+        Ok(Err(AttemptError::Connection { .. })) => AttemptOutcome::Connection,
+        Ok(Err(AttemptError::Fatal(error))) => match (error.kind(), error.response()) {
+            (ErrorKind::Timeout, _) => AttemptOutcome::Timeout,
+            (_, Some(response)) => AttemptOutcome::Status(response.status.as_u16()),
+            (_, None) => AttemptOutcome::Refused,
+        },
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::HeaderMap;
 
 use crate::limit::RateLimit;
+use crate::observe::{HttpObserver, NoHttpObserver};
 use crate::retry::RetryPolicy;
 use crate::ssrf::{DnsResolver, SystemResolver};
 
@@ -41,6 +42,9 @@ pub struct VendorConfig {
     pub max_redirects: u32,
     /// How names are resolved before their addresses are checked. Default: the system's.
     pub resolver: Arc<dyn DnsResolver>,
+    /// Told about attempts, retries, spent retry budgets and rate-limit waits. Default: nothing
+    /// is told ([`NoHttpObserver`]).
+    pub observer: Arc<dyn HttpObserver>,
 }
 
 impl VendorConfig {
@@ -57,6 +61,7 @@ impl VendorConfig {
             allow_hosts: Vec::new(),
             max_redirects: 0,
             resolver: Arc::new(SystemResolver),
+            observer: Arc::new(NoHttpObserver),
         }
     }
 }
@@ -76,6 +81,7 @@ impl fmt::Debug for VendorConfig {
             .field("allow_hosts", &self.allow_hosts)
             .field("max_redirects", &self.max_redirects)
             .field("resolver", &self.resolver)
+            .field("observer", &self.observer)
             .finish()
     }
 }

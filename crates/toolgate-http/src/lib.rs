@@ -26,7 +26,9 @@
 //!   kind client) and event per attempt (method, host, path without query passed through core's
 //!   `Redactor`, status, latency, attempt, retry reason). Each attempt carries the W3C
 //!   `traceparent` of its span when the application installed a propagator and an
-//!   OpenTelemetry layer (see `trace.rs`); nothing otherwise.
+//!   OpenTelemetry layer (see `trace.rs`); nothing otherwise. An [`HttpObserver`] given in
+//!   [`VendorConfig::observer`] is told of each attempt, retry, spent retry budget and
+//!   rate-limit wait, per host (this crate keeps no metrics).
 //!
 //! Public signatures use the `http` crate's `Method`, `StatusCode` and `HeaderMap` (the
 //! ecosystem's shared vocabulary, also what reqwest re-exports) and `bytes::Bytes`; reqwest
@@ -58,6 +60,7 @@ mod client;
 mod config;
 mod error;
 mod limit;
+mod observe;
 mod retry;
 mod ssrf;
 mod trace;
@@ -66,6 +69,7 @@ pub use client::{HttpClient, Request, Response};
 pub use config::{DEFAULT_MAX_BODY_BYTES, VendorConfig};
 pub use error::{ErrorKind, HttpError};
 pub use limit::RateLimit;
+pub use observe::{AttemptOutcome, HttpObserver, NoHttpObserver};
 pub use retry::{RetryBudget, RetryPolicy, requested_wait};
 pub use ssrf::{
     DnsResolver, Resolving, StaticResolver, SystemResolver, check_target, refused_range,

@@ -75,6 +75,8 @@ struct HostState {
 #[derive(Debug)]
 pub(crate) struct Admission {
     _permit: Option<OwnedSemaphorePermit>,
+    /// How long the request waited for the host's rate limit (zero when it did not).
+    pub(crate) rate_waited: Duration,
 }
 
 impl HostLimits {
@@ -122,6 +124,7 @@ impl HostLimits {
         deadline: Instant,
     ) -> Result<Admission, HttpError> {
         let state = self.state(host);
+        let mut rate_waited = Duration::ZERO;
         if let Some(limiter) = &state.limiter {
             let clock = DefaultClock::default();
             loop {
@@ -132,7 +135,9 @@ impl HostLimits {
                 if Instant::now() + wait > deadline {
                     return Err(throttled(host, "rate limit"));
                 }
+                let asleep = Instant::now();
                 tokio::time::sleep(wait).await;
+                rate_waited += asleep.elapsed();
             }
         }
         let permit = match &state.permits {
@@ -146,7 +151,10 @@ impl HostLimits {
                 }
             }
         };
-        Ok(Admission { _permit: permit })
+        Ok(Admission {
+            _permit: permit,
+            rate_waited,
+        })
     }
 }
 
@@ -178,13 +186,33 @@ mod tests {
     async fn fails_fast_when_the_wait_passes_the_deadline() {
         let limits = HostLimits::new(RateLimit::per_second(1, 1), None);
         let deadline = Instant::now() + Duration::from_millis(200);
-        assert!(limits.admit("a", deadline).await.is_ok());
+        let first = limits.admit("a", deadline).await.unwrap();
+        assert_eq!(
+            first.rate_waited,
+            Duration::ZERO,
+            "the burst admits at once"
+        );
         let started = std::time::Instant::now();
         let err = limits.admit("a", deadline).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Throttling);
         assert!(started.elapsed() < Duration::from_millis(50));
         // Another host has its own bucket.
         assert!(limits.admit("b", deadline).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_request_that_waited_for_the_rate_says_how_long() {
+        let limits = HostLimits::new(RateLimit::per_second(20, 1), None);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let first = limits.admit("a", deadline).await.unwrap();
+        assert_eq!(first.rate_waited, Duration::ZERO);
+        let second = limits.admit("a", deadline).await.unwrap();
+        // One token every 50 ms: the second request waits for most of one period.
+        assert!(
+            second.rate_waited >= Duration::from_millis(20),
+            "{:?}",
+            second.rate_waited
+        );
     }
 
     #[tokio::test]

@@ -17,8 +17,9 @@ use crate::checkpoint::Checkpoint;
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
-    PendingFilter, PendingInvocation, Permission, PolicySetRecord, RecordOutcome, ResolvePending,
-    RunRecord, SYSTEM_CHAIN, SealedAnswer, Tenant, TokenRecord, ToolCallRecord, VerifyReport,
+    PendingFilter, PendingInvocation, PendingSummary, Permission, PolicySetRecord, RecordOutcome,
+    ResolvePending, RunRecord, SYSTEM_CHAIN, SealedAnswer, Tenant, TokenRecord, ToolCallRecord,
+    VerifyReport,
 };
 use crate::ops::{
     AdminEvent, OpKind, PreparedCall, PreparedEvent, PreparedFinish, PreparedPending, Reply,
@@ -454,6 +455,21 @@ impl<B: Backend> Store for B {
         .bind(i64::from(limit))
         .all(self.reader(), pending_from_row)
         .await
+    }
+
+    async fn pending_summary(&self) -> Result<PendingSummary, LedgerError> {
+        query(
+            "SELECT COUNT(*) AS pending, MIN(created_at) AS oldest FROM pending_invocations \
+             WHERE state = 'pending'",
+        )
+        .optional(self.reader(), |row| {
+            Ok(PendingSummary {
+                count: u64::try_from(row.int("pending")?).unwrap_or(0),
+                oldest_created_at: row.int_opt("oldest")?.map(Timestamp),
+            })
+        })
+        .await
+        .map(Option::unwrap_or_default)
     }
 
     async fn pending_for_call(

@@ -16,6 +16,7 @@ mod chain;
 mod checkpoint;
 mod error;
 mod model;
+mod observe;
 mod ops;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -38,6 +39,7 @@ pub use chain::{EventFields, GENESIS_HASH, event_hash};
 pub use checkpoint::{CHECKPOINT_FORMAT, Checkpoint, CheckpointAuth};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;
+pub use observe::LedgerObserver;
 pub use ops::WriterStats;
 #[cfg(feature = "postgres")]
 pub use pg::{PgOptions, PgStore};

@@ -721,6 +721,15 @@ pub struct CredentialRecord {
     pub updated_at: Timestamp,
 }
 
+/// The pending invocations of every tenant still awaiting a decision, in figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSummary {
+    /// How many there are.
+    pub count: u64,
+    /// When the oldest of them was created; `None` when there are none.
+    pub oldest_created_at: Option<Timestamp>,
+}
+
 /// Which pending invocations to list.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PendingFilter {

@@ -586,13 +586,33 @@ pub struct WriterStats {
     pub step_by_step: u64,
 }
 
-/// What the writer task counts, for [`WriterStats`].
+/// What the writer task counts, for [`WriterStats`], and who else it tells.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) commits: AtomicU64,
     pub(crate) ops: AtomicU64,
     pub(crate) bulk_fallbacks: AtomicU64,
     pub(crate) step_by_step: AtomicU64,
+    /// Told of every batch, once set (by the store's `observe`).
+    pub(crate) observer: std::sync::OnceLock<std::sync::Arc<dyn crate::LedgerObserver>>,
+}
+
+impl Counters {
+    /// Counts a finished batch of `operations` and tells the observer, if there is one.
+    pub(crate) fn batch_done(
+        &self,
+        operations: usize,
+        started: std::time::Instant,
+        committed: bool,
+    ) {
+        self.ops.fetch_add(
+            u64::try_from(operations).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        if let Some(observer) = self.observer.get() {
+            observer.batch_committed(operations, started.elapsed(), committed);
+        }
+    }
 }
 
 impl Counters {

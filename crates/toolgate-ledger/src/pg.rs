@@ -45,6 +45,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use toolgate_core::AuditKeys;
 use tracing::warn;
 
+use crate::LedgerObserver;
 use crate::backend::{Backend, record_legacy_heads};
 use crate::error::LedgerError;
 use crate::model::{ToolCallRecord, VerifyReport};
@@ -263,6 +264,12 @@ impl PgStore {
     /// Counters of the writer, e.g. to see how well writes are batched.
     pub fn stats(&self) -> WriterStats {
         self.counters.stats()
+    }
+
+    /// Tells `observer` of every batch the writer commits from now on (the gateway's
+    /// metrics). Only the first observer given is kept.
+    pub fn observe(&self, observer: Arc<dyn LedgerObserver>) {
+        let _ = self.counters.observer.set(observer);
     }
 
     /// This process's instance key (the `owner` of the calls it runs).

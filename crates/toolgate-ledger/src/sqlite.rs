@@ -37,6 +37,7 @@ use sqlx::sqlite::{
 use tokio::sync::{mpsc, oneshot};
 use toolgate_core::AuditKeys;
 
+use crate::LedgerObserver;
 use crate::backend::{Backend, record_legacy_heads};
 use crate::error::LedgerError;
 use crate::model::{ToolCallRecord, VerifyReport};
@@ -263,6 +264,12 @@ impl SqliteStore {
     /// Counters of the writer, e.g. to see how well writes are batched.
     pub fn stats(&self) -> WriterStats {
         self.counters.stats()
+    }
+
+    /// Tells `observer` of every batch the writer commits from now on (the gateway's
+    /// metrics). Only the first observer given is kept.
+    pub fn observe(&self, observer: Arc<dyn LedgerObserver>) {
+        let _ = self.counters.observer.set(observer);
     }
 
     /// Queues a write and waits until its batch has committed.

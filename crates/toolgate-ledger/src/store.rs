@@ -14,7 +14,7 @@ use crate::model::{
     Permission, PolicySetRecord, RecordOutcome, RunRecord, SealedAnswer, Tenant, TokenRecord,
     ToolCallRecord, VerifyReport,
 };
-use crate::model::{PendingFilter, PendingInvocation, ResolvePending};
+use crate::model::{PendingFilter, PendingInvocation, PendingSummary, ResolvePending};
 
 /// Durable state of the gateway. Every write is committed (fsync'd) before the call returns;
 /// implementations may batch concurrent writes into one transaction (group commit) but never
@@ -198,6 +198,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// longer pending at that version (another decision won). A resolution that moves the call
     /// to `running` (an approval) is refused like a new running call in `record_call`.
     async fn resolve_pending(&self, resolution: ResolvePending) -> Result<bool, LedgerError>;
+    /// How many pending invocations of every tenant await a decision, and the oldest one's
+    /// creation time (one indexed aggregate, for the gateway's metrics).
+    async fn pending_summary(&self) -> Result<PendingSummary, LedgerError>;
     /// Pending invocations of every tenant whose expiry is at or before `now`, soonest first.
     async fn list_expired_pending(
         &self,

@@ -46,6 +46,15 @@ pub struct Config {
     pub shopify: ShopifySettings,
     /// The AWS connector's settings (`[connectors.aws]`).
     pub aws: AwsSettings,
+    /// The Prometheus endpoint (`[metrics]`).
+    pub metrics: MetricsSettings,
+}
+
+/// `[metrics]`: where the Prometheus endpoint (`GET /metrics`) listens. Off unless configured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// The address served over plain HTTP; `None`: no metrics endpoint.
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[connectors.aws]`: the AWS connector's endpoint override, default region and limits. Kept
@@ -105,6 +114,14 @@ struct RawConfig {
     connectors: RawConnectors,
     #[serde(default)]
     secrets: RawSecrets,
+    #[serde(default)]
+    metrics: RawMetrics,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -215,6 +232,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_ANSWER_RETENTION_MS", "engine.answer_retention_ms"),
     ("TOOLGATE_DISABLED_CONNECTORS", "connectors.disabled"),
     ("TOOLGATE_KEY_FILE", "secrets.key_file"),
+    ("TOOLGATE_METRICS_LISTEN", "metrics.listen"),
 ];
 
 /// The longest drain a shutdown may be configured to wait (an hour).
@@ -249,6 +267,8 @@ const ENV_OTHER: &[&str] = &[
     "TOOLGATE_TEST_PG_URL",
     // The AWS emulator of the test suite (`moto_server`); gateways the tests start inherit it.
     "TOOLGATE_TEST_MOTO_SERVER",
+    // The test suite's Python (with its pinned packages); gateways the tests start inherit it.
+    "TOOLGATE_TEST_PYTHON",
 ];
 
 impl Config {
@@ -316,6 +336,7 @@ impl Config {
                 "storage.schema" => raw.storage.schema = Some(value.clone()),
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
                 "secrets.key_file" => raw.secrets.key_file = Some(value.clone()),
+                "metrics.listen" => raw.metrics.listen = Some(value.clone()),
                 "engine.max_timeout_ms" => raw.engine.max_timeout_ms = Some(number(value)?),
                 "engine.answer_retention_ms" => {
                     raw.engine.answer_retention_ms = Some(number(value)?);
@@ -459,6 +480,13 @@ impl Config {
                 ));
             }
         }
+        let metrics = MetricsSettings {
+            listen: raw
+                .metrics
+                .listen
+                .map(|text| parse_metrics_listen(&text, listen))
+                .transpose()?,
+        };
         let aws = AwsSettings {
             endpoint_url: raw.connectors.aws.endpoint_url,
             default_region: raw.connectors.aws.default_region,
@@ -488,6 +516,7 @@ impl Config {
             slack,
             shopify,
             aws,
+            metrics,
         })
     }
 }
@@ -550,6 +579,19 @@ fn tls_paths(raw: RawTls) -> Result<Option<TlsPaths>, String> {
         ),
         (None, None) => Ok(None),
     }
+}
+
+/// `metrics.listen`: an address, not the gRPC listener's (port 0, any free port, excepted).
+fn parse_metrics_listen(text: &str, grpc: SocketAddr) -> Result<SocketAddr, String> {
+    let address: SocketAddr = text.parse().map_err(|_| {
+        format!("metrics.listen must be an address like 127.0.0.1:9464, got `{text}`")
+    })?;
+    if address == grpc && address.port() != 0 {
+        return Err(format!(
+            "metrics.listen ({address}) is the address server.listen serves gRPC on; give the metrics endpoint a port of its own"
+        ));
+    }
+    Ok(address)
 }
 
 /// The error for a `TOOLGATE_*` variable that is neither ours nor a Kubernetes service link:
@@ -706,6 +748,70 @@ mod tests {
             config.database,
             Database::Sqlite(PathBuf::from("toolgate.db"))
         );
+    }
+
+    #[test]
+    fn the_metrics_endpoint_is_off_unless_configured() {
+        assert_eq!(load("", &[]).unwrap().metrics.listen, None);
+        let from_file = load("[metrics]\nlisten = \"127.0.0.1:9464\"", &[]).unwrap();
+        assert_eq!(
+            from_file.metrics.listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        // The environment overrides the file.
+        let from_env = load(
+            "[metrics]\nlisten = \"127.0.0.1:9464\"",
+            &[("TOOLGATE_METRICS_LISTEN", "[::1]:9465")],
+        )
+        .unwrap();
+        assert_eq!(from_env.metrics.listen, Some("[::1]:9465".parse().unwrap()));
+        // Any free port, beside gRPC on any free port.
+        let both_free = load(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[metrics]\nlisten = \"127.0.0.1:0\"",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            both_free.metrics.listen,
+            Some("127.0.0.1:0".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_bad_metrics_address_is_refused_at_load() {
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case<'_>] = &[
+            (
+                "[metrics]\nlisten = \"9464\"",
+                &[],
+                "metrics.listen must be an address",
+            ),
+            (
+                "",
+                &[("TOOLGATE_METRICS_LISTEN", "")],
+                "metrics.listen must be an address",
+            ),
+            (
+                "",
+                &[("TOOLGATE_METRICS_LISTEN", "localhost:9464")],
+                "metrics.listen must be an address",
+            ),
+            ("[metrics]\nport = 9464", &[], "port"),
+            (
+                "[metrics]\nlisten = \"127.0.0.1:50051\"",
+                &[],
+                "the address server.listen serves gRPC on",
+            ),
+            (
+                "",
+                &[("TOOLGATE_METRICS_LISTN", "x")],
+                "TOOLGATE_METRICS_LISTEN",
+            ),
+        ];
+        for (toml_text, pairs, expected) in cases {
+            let error = load(toml_text, pairs).unwrap_err();
+            assert!(error.contains(expected), "{toml_text:?} {pairs:?}: {error}");
+        }
     }
 
     #[test]

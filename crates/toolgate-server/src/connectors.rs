@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use toolgate_core::{Connector, ToolRegistry};
+use toolgate_http::HttpObserver;
 
 use crate::config::{AwsSettings, ShopifySettings, SlackSettings};
 
@@ -13,10 +14,11 @@ fn compiled_connectors(
     slack: &SlackSettings,
     shopify: &ShopifySettings,
     aws: &AwsSettings,
+    vendor_observer: &Arc<dyn HttpObserver>,
 ) -> anyhow::Result<Vec<Arc<dyn Connector>>> {
     let mut connectors: Vec<Arc<dyn Connector>> = Vec::new();
-    add_slack(&mut connectors, slack)?;
-    add_shopify(&mut connectors, shopify)?;
+    add_slack(&mut connectors, slack, vendor_observer)?;
+    add_shopify(&mut connectors, shopify, vendor_observer)?;
     add_aws(&mut connectors, aws)?;
     add_testkit(&mut connectors);
     Ok(connectors)
@@ -26,6 +28,7 @@ fn compiled_connectors(
 fn add_slack(
     connectors: &mut Vec<Arc<dyn Connector>>,
     settings: &SlackSettings,
+    vendor_observer: &Arc<dyn HttpObserver>,
 ) -> anyhow::Result<()> {
     let defaults = toolgate_slack::SlackConfig::default();
     let config = toolgate_slack::SlackConfig {
@@ -40,8 +43,9 @@ fn add_slack(
             .unwrap_or(defaults.webhook_hosts.clone()),
         ..defaults
     };
-    let connector = toolgate_slack::SlackConnector::new(config)
-        .context("connectors.slack in the configuration")?;
+    let connector =
+        toolgate_slack::SlackConnector::with_http_observer(config, Arc::clone(vendor_observer))
+            .context("connectors.slack in the configuration")?;
     connectors.push(Arc::new(connector));
     Ok(())
 }
@@ -50,6 +54,7 @@ fn add_slack(
 fn add_slack(
     _connectors: &mut Vec<Arc<dyn Connector>>,
     _settings: &SlackSettings,
+    _vendor_observer: &Arc<dyn HttpObserver>,
 ) -> anyhow::Result<()> {
     Ok(())
 }
@@ -58,6 +63,7 @@ fn add_slack(
 fn add_shopify(
     connectors: &mut Vec<Arc<dyn Connector>>,
     settings: &ShopifySettings,
+    vendor_observer: &Arc<dyn HttpObserver>,
 ) -> anyhow::Result<()> {
     let defaults = toolgate_shopify::ShopifyConfig::default();
     let config = toolgate_shopify::ShopifyConfig {
@@ -68,8 +74,9 @@ fn add_shopify(
         allow_hosts: settings.allow_hosts.clone(),
         ..defaults
     };
-    let connector = toolgate_shopify::ShopifyConnector::new(config)
-        .context("connectors.shopify in the configuration")?;
+    let connector =
+        toolgate_shopify::ShopifyConnector::with_http_observer(config, Arc::clone(vendor_observer))
+            .context("connectors.shopify in the configuration")?;
     connectors.push(Arc::new(connector));
     Ok(())
 }
@@ -97,6 +104,7 @@ fn add_aws(connectors: &mut Vec<Arc<dyn Connector>>, settings: &AwsSettings) -> 
 fn add_shopify(
     _connectors: &mut Vec<Arc<dyn Connector>>,
     _settings: &ShopifySettings,
+    _vendor_observer: &Arc<dyn HttpObserver>,
 ) -> anyhow::Result<()> {
     Ok(())
 }
@@ -124,7 +132,20 @@ pub fn build_registry(
     shopify: &ShopifySettings,
     aws: &AwsSettings,
 ) -> anyhow::Result<ToolRegistry> {
-    let connectors = compiled_connectors(slack, shopify, aws)?;
+    let observer: Arc<dyn HttpObserver> = Arc::new(toolgate_http::NoHttpObserver);
+    build_observed_registry(disabled, slack, shopify, aws, observer)
+}
+
+/// [`build_registry`], the HTTP connectors telling `vendor_observer` of every vendor request
+/// (the gateway's metrics). The AWS connector's SDK requests are not told.
+pub(crate) fn build_observed_registry(
+    disabled: &[String],
+    slack: &SlackSettings,
+    shopify: &ShopifySettings,
+    aws: &AwsSettings,
+    vendor_observer: Arc<dyn HttpObserver>,
+) -> anyhow::Result<ToolRegistry> {
+    let connectors = compiled_connectors(slack, shopify, aws, &vendor_observer)?;
     for family in disabled {
         if !connectors.iter().any(|c| c.family() == family) {
             let available: Vec<&str> = connectors.iter().map(|c| c.family()).collect();

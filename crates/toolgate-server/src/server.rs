@@ -25,10 +25,11 @@ use tracing::{info, warn};
 
 use crate::auth::{AuthLayer, Authenticator, issue_token};
 use crate::config::Config;
-use crate::connectors::build_registry;
+use crate::connectors::build_observed_registry;
 use crate::drain::{Drain, Draining};
 use crate::files::{refuse_shared_file, write_private_file};
 use crate::keys;
+use crate::metrics::{Endpoint, Metrics, Scrape};
 use crate::overload::{Admission, Overload};
 use crate::services::{AdminApi, AgentApi, ApprovalApi, Shared};
 use crate::telemetry::TraceLayer;
@@ -47,17 +48,26 @@ pub async fn serve(
     for warning in config.warnings() {
         warn!("{warning}");
     }
-    let registry = build_registry(
+    let metrics = config.metrics.listen.map(|_| Arc::new(Metrics::new()));
+    let vendor_observer: Arc<dyn toolgate_http::HttpObserver> = match &metrics {
+        Some(metrics) => Arc::clone(metrics) as _,
+        None => Arc::new(toolgate_http::NoHttpObserver),
+    };
+    let registry = build_observed_registry(
         &config.disabled_connectors,
         &config.slack,
         &config.shopify,
         &config.aws,
+        vendor_observer,
     )?;
-    run(config, registry, Bind::Address, shutdown.boxed(), started).await
+    let bind = Bind::Address;
+    run(config, registry, bind, shutdown.boxed(), started, metrics).await
 }
 
 /// [`serve`] with the tools of `registry` on a listener the caller bound (in-process tests
-/// bind port 0 and read the address).
+/// bind port 0 and read the address). With `metrics.listen` set, the metrics count the calls,
+/// the caches and the ledger; the vendor requests of `registry`'s connectors only if they
+/// were built with an observer of their own.
 pub async fn serve_with(
     config: Config,
     registry: ToolRegistry,
@@ -68,7 +78,16 @@ pub async fn serve_with(
     for warning in config.warnings() {
         warn!("{warning}");
     }
-    run(config, registry, bind, shutdown.boxed(), Instant::now()).await
+    let metrics = config.metrics.listen.map(|_| Arc::new(Metrics::new()));
+    run(
+        config,
+        registry,
+        bind,
+        shutdown.boxed(),
+        Instant::now(),
+        metrics,
+    )
+    .await
 }
 
 /// The agent service's methods that execute tools, which [`Admission`] limits. Runs, lists,
@@ -105,8 +124,12 @@ async fn run(
     bind_to: Bind,
     mut shutdown: BoxStream<'static, ()>,
     started: Instant,
+    metrics: Option<Arc<Metrics>>,
 ) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    if let Some(metrics) = &metrics {
+        metrics.set_tools(registry.names());
+    }
     let catalog = Arc::new(Catalog::new(registry)?);
     // Files holding secrets are checked before anything is opened or written; then the keys,
     // since the ledger MACs its audit events with chain keys derived from them.
@@ -121,7 +144,12 @@ async fn run(
     let chain_keys = Arc::new(toolgate_secrets::LiveKeyRing::new(ring.clone()));
     let store = config
         .database
-        .open(Arc::clone(&chain_keys) as Arc<dyn toolgate_core::AuditKeys>)
+        .open(
+            Arc::clone(&chain_keys) as Arc<dyn toolgate_core::AuditKeys>,
+            metrics
+                .clone()
+                .map(|metrics| metrics as Arc<dyn toolgate_ledger::LedgerObserver>),
+        )
         .await?;
     bootstrap_admin_token(&store, clock.as_ref(), &config.admin_token_file).await?;
     keys::check_keys_present(&store, &ring).await?;
@@ -139,6 +167,10 @@ async fn run(
     .with_secrets(Arc::clone(&vault) as Arc<dyn SecretSource>)
     // Full answers kept for replays are sealed with the same key ring as credentials.
     .with_sealer(Arc::clone(&vault) as Arc<dyn toolgate_core::Sealer>);
+    let engine = match &metrics {
+        Some(metrics) => engine.with_observer(Arc::clone(metrics) as _),
+        None => engine,
+    };
     let config_vault = Arc::clone(&vault);
     let key_manager = Arc::new(keys::KeyManager::new(
         &config.key_file,
@@ -174,6 +206,24 @@ async fn run(
 
     let listener = bind(bind_to, config.listen).await?;
     let local = listener.local_addr()?;
+    // Stops serving the metrics when dropped, whichever way this function returns.
+    let _metrics_endpoint = match (&metrics, config.metrics.listen) {
+        (Some(metrics), Some(address)) => {
+            let scrape = Scrape {
+                metrics: Arc::clone(metrics),
+                store: Arc::clone(&store),
+                clock: Arc::clone(&clock),
+            };
+            let endpoint = Endpoint::start(address, scrape).await?;
+            info!(address = %endpoint.local, "metrics served at /metrics");
+            announce(&format!(
+                "toolgate metrics on http://{}/metrics",
+                endpoint.local
+            ));
+            Some(endpoint)
+        }
+        _ => None,
+    };
 
     let auth = Arc::new(Authenticator::new(Arc::clone(&store), TOKEN_CACHE_TTL));
     // Replicas sharing the store: another one's change to flags, grants, policies, tokens or

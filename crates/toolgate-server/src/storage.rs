@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use toolgate_core::AuditKeys;
-use toolgate_ledger::{PgOptions, PgStore, SqliteStore, Store};
+use toolgate_ledger::{LedgerObserver, PgOptions, PgStore, SqliteStore, Store};
 
 /// `storage.database` (and `storage.schema`), validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,13 +47,20 @@ impl Database {
     }
 
     /// Opens (creating and migrating as needed) the store; its audit events are MAC'd with
-    /// `keys`.
-    pub async fn open(&self, keys: Arc<dyn AuditKeys>) -> anyhow::Result<Arc<dyn Store>> {
+    /// `keys`, and its writer's batches are told to `observer`.
+    pub async fn open(
+        &self,
+        keys: Arc<dyn AuditKeys>,
+        observer: Option<Arc<dyn LedgerObserver>>,
+    ) -> anyhow::Result<Arc<dyn Store>> {
         match self {
             Database::Sqlite(path) => {
                 let store = SqliteStore::open_keyed(path, keys)
                     .await
                     .with_context(|| format!("cannot open the ledger at {}", path.display()))?;
+                if let Some(observer) = observer {
+                    store.observe(observer);
+                }
                 Ok(Arc::new(store))
             }
             Database::Postgres { url, schema } => {
@@ -64,6 +71,9 @@ impl Database {
                 let store = PgStore::connect_keyed(&options, keys)
                     .await
                     .with_context(|| format!("cannot open the ledger at {self}"))?;
+                if let Some(observer) = observer {
+                    store.observe(observer);
+                }
                 Ok(Arc::new(store))
             }
         }

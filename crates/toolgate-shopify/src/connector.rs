@@ -1,11 +1,13 @@
 //! The `shopify` connector: arguments checked, the tenant's credential resolved, then one or
 //! two Admin GraphQL queries and the normalized result.
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 use toolgate_core::{
     Connector, ErrorCode, InvocationContext, ToolError, ToolName, ToolOutput, ToolSpec,
 };
-use toolgate_http::{HttpClient, RetryPolicy, VendorConfig};
+use toolgate_http::{HttpClient, HttpObserver, NoHttpObserver, RetryPolicy, VendorConfig};
 
 use crate::admin::Admin;
 use crate::config::{ShopifyConfig, is_stable_version};
@@ -66,6 +68,15 @@ struct Search {
 impl ShopifyConnector {
     /// Builds the connector; fails on an API version that is not a stable release.
     pub fn new(config: ShopifyConfig) -> Result<ShopifyConnector, ShopifyConfigError> {
+        ShopifyConnector::with_http_observer(config, Arc::new(NoHttpObserver))
+    }
+
+    /// Like [`ShopifyConnector::new`], telling `observer` of every request sent to Shopify
+    /// (attempts, retries, rate-limit waits).
+    pub fn with_http_observer(
+        config: ShopifyConfig,
+        observer: Arc<dyn HttpObserver>,
+    ) -> Result<ShopifyConnector, ShopifyConfigError> {
         if !is_stable_version(&config.api_version) {
             return Err(ShopifyConfigError(format!(
                 "api_version `{}` is not a stable Admin API release such as 2026-10 (YYYY-01, -04, -07 or -10)",
@@ -89,6 +100,7 @@ impl ShopifyConnector {
             retry_throttled: false,
             ..RetryPolicy::default()
         };
+        vendor.observer = observer;
         let http = HttpClient::new(vendor).map_err(|e| ShopifyConfigError(e.to_string()))?;
         let admin = Admin {
             http,

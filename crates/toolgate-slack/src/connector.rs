@@ -2,11 +2,16 @@
 //! the Web API with the bot token (`chat.postMessage`, `conversations.history`), or the
 //! incoming webhook for posts when the tenant has no bot token.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
 use toolgate_core::{
     Connector, ErrorCode, InvocationContext, ToolError, ToolName, ToolOutput, ToolSpec,
 };
-use toolgate_http::{HttpClient, HttpError, Request, Response, RetryPolicy, VendorConfig};
+use toolgate_http::{
+    HttpClient, HttpError, HttpObserver, NoHttpObserver, Request, Response, RetryPolicy,
+    VendorConfig,
+};
 
 use crate::blocks::{check_message_text, invalid, parse_blocks};
 use crate::config::SlackConfig;
@@ -62,6 +67,15 @@ struct History {
 impl SlackConnector {
     /// Builds the connector; fails on an unusable API base URL.
     pub fn new(config: SlackConfig) -> Result<SlackConnector, SlackConfigError> {
+        SlackConnector::with_http_observer(config, Arc::new(NoHttpObserver))
+    }
+
+    /// Like [`SlackConnector::new`], telling `observer` of every request sent to Slack
+    /// (attempts, retries, rate-limit waits).
+    pub fn with_http_observer(
+        config: SlackConfig,
+        observer: Arc<dyn HttpObserver>,
+    ) -> Result<SlackConnector, SlackConfigError> {
         let base = config.api_base_url.trim_end_matches('/').to_owned();
         let host_allowed = |url: &url::Url| {
             let host = url.host_str().unwrap_or("");
@@ -95,6 +109,7 @@ impl SlackConnector {
             cap: config.max_retry_wait,
             ..RetryPolicy::default()
         };
+        vendor.observer = observer;
         let http = HttpClient::new(vendor).map_err(|e| SlackConfigError(e.to_string()))?;
         Ok(SlackConnector {
             config: SlackConfig {

@@ -124,18 +124,20 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     /// Starts the gateway on a fresh database with a run budget large enough for the benchmark:
-    /// a SQLite file in its directory, or `database` (a PostgreSQL URL and a fresh schema), with
-    /// `env` added to its environment.
+    /// a SQLite file in its directory, or `database` (a PostgreSQL URL and a fresh schema);
+    /// with `metrics`, serving Prometheus metrics on a free loopback port; with `env` added to
+    /// its environment.
     pub(crate) fn start(
         binary: &Path,
         database: Option<(&str, &str)>,
+        metrics: bool,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Gateway> {
         let dir = tempfile::Builder::new()
             .prefix("toolgate-bench-")
             .tempdir()
             .context("cannot create a temporary directory")?;
-        let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database, env)?;
+        let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database, metrics, env)?;
         let address = wait_for_announcement(&mut guard, GATEWAY_ANNOUNCEMENT, "the gateway")?;
         Ok(Gateway {
             guard,
@@ -258,17 +260,26 @@ impl Gateway {
 }
 
 /// Starts the gateway in `dir` (fresh SQLite file `toolgate.db` there, unless `database` names
-/// a PostgreSQL URL and schema), stderr to a file.
+/// a PostgreSQL URL and schema), stderr to a file; with `metrics`, serving them on a free
+/// loopback port.
 fn spawn_gateway(
     binary: &Path,
     dir: &Path,
     listen: &str,
     database: Option<(&str, &str)>,
+    metrics: bool,
     env: &[(&str, &str)],
 ) -> anyhow::Result<ChildGuard> {
+    let metrics_table = if metrics {
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n"
+    } else {
+        ""
+    };
     std::fs::write(
         dir.join("toolgate.toml"),
-        format!("# Written by cargo xtask bench.\n[engine]\nmax_calls_limit = {RUN_BUDGET}\n"),
+        format!(
+            "# Written by cargo xtask bench.\n[engine]\nmax_calls_limit = {RUN_BUDGET}\n{metrics_table}"
+        ),
     )
     .context("cannot write the gateway's config file")?;
     let stderr = std::fs::File::create(dir.join("gateway.stderr"))
@@ -351,7 +362,7 @@ pub(crate) struct StartupSample {
 
 /// Spawns the gateway on a fresh database and a free port, polls the health service every
 /// ~2 ms, and returns how long it took to answer SERVING.
-pub(crate) async fn time_startup(binary: &Path) -> anyhow::Result<StartupSample> {
+pub(crate) async fn time_startup(binary: &Path, metrics: bool) -> anyhow::Result<StartupSample> {
     const POLL: Duration = Duration::from_millis(2);
     const LIMIT: Duration = Duration::from_secs(20);
     let dir = tempfile::Builder::new()
@@ -370,7 +381,7 @@ pub(crate) async fn time_startup(binary: &Path) -> anyhow::Result<StartupSample>
         .timeout(Duration::from_millis(500));
 
     let spawned = Instant::now();
-    let mut guard = spawn_gateway(binary, dir.path(), &listen, None, &[])?;
+    let mut guard = spawn_gateway(binary, dir.path(), &listen, None, metrics, &[])?;
     let stdout = guard
         .child
         .stdout

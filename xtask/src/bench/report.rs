@@ -39,6 +39,8 @@ pub(crate) struct OptionsSummary {
     pub(crate) rate: u32,
     pub(crate) client_threads: usize,
     pub(crate) quick: bool,
+    /// Whether the gateways served Prometheus metrics (`--metrics`).
+    pub(crate) metrics: bool,
 }
 
 /// One target's figures.
@@ -177,14 +179,19 @@ impl Report {
         let _ = writeln!(out, "\n==> results");
         let _ = writeln!(
             out,
-            "closed loop: {} calls in flight over {} HTTP/2 connections, {} s measured; open loop: {} calls/s for {} s; client: {} runtime thread(s){}",
+            "closed loop: {} calls in flight over {} HTTP/2 connections, {} s measured; open loop: {} calls/s for {} s; client: {} runtime thread(s){}{}",
             o.concurrency,
             o.connections,
             o.duration.as_secs_f64(),
             o.rate,
             o.duration.as_secs_f64(),
             o.client_threads,
-            if o.quick { " (quick run)" } else { "" }
+            if o.quick { " (quick run)" } else { "" },
+            if o.metrics {
+                "; gateway metrics on"
+            } else {
+                ""
+            }
         );
         let _ = writeln!(
             out,
@@ -415,6 +422,7 @@ impl Report {
                 "client_threads": o.client_threads,
                 "client_build": "release",
                 "quick": o.quick,
+                "metrics": o.metrics,
                 "tool": "testkit.noop",
                 "arguments": "{}",
             },

@@ -14,6 +14,8 @@ use toolgate_core::{RunId, TenantId};
 use toolgate_ledger::RunRecord;
 use toolgate_policy::CompiledPolicy;
 
+use crate::observe::{CacheKind, EngineObserver, NoEngineObserver};
+
 /// Runs kept: a run's record is small (its manifest is a list of tool names).
 const RUN_CAPACITY: usize = 100_000;
 /// Tenants whose kill switch is kept.
@@ -32,6 +34,8 @@ pub(super) enum PolicyState {
 /// The three caches, and how long flags and policies are trusted.
 pub(super) struct Caches {
     ttl: Duration,
+    /// Told of every lookup, hit or miss.
+    observer: Arc<dyn EngineObserver>,
     runs: Cache<(TenantId, RunId), Arc<RunRecord>>,
     flags: Cache<TenantId, (bool, Instant)>,
     policies: Cache<TenantId, (PolicyState, Instant)>,
@@ -45,15 +49,22 @@ impl Caches {
     fn with_capacities(ttl: Duration, runs: usize, flags: usize, policies: usize) -> Caches {
         Caches {
             ttl,
+            observer: Arc::new(NoEngineObserver),
             runs: Cache::new(runs),
             flags: Cache::new(flags),
             policies: Cache::new(policies),
         }
     }
 
+    pub(super) fn observe(&mut self, observer: Arc<dyn EngineObserver>) {
+        self.observer = observer;
+    }
+
     /// A cached run. Looked up by reference: the hot path builds no key.
     pub(super) fn run(&self, tenant: &TenantId, run: &RunId) -> Option<Arc<RunRecord>> {
-        self.runs.get(&RunKey { tenant, run })
+        let found = self.runs.get(&RunKey { tenant, run });
+        self.observer.cache_lookup(CacheKind::Runs, found.is_some());
+        found
     }
 
     pub(super) fn keep_run(&self, run: Arc<RunRecord>) {
@@ -62,10 +73,14 @@ impl Caches {
 
     /// A tenant's kill switch (`tool_calling_enabled`), while it is trusted.
     pub(super) fn flag(&self, tenant: &TenantId) -> Option<bool> {
-        self.flags
+        let found = self
+            .flags
             .get(tenant)
             .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(enabled, _)| enabled)
+            .map(|(enabled, _)| enabled);
+        self.observer
+            .cache_lookup(CacheKind::Flags, found.is_some());
+        found
     }
 
     pub(super) fn keep_flag(&self, tenant: &TenantId, enabled: bool) {
@@ -74,10 +89,14 @@ impl Caches {
 
     /// A tenant's policy, while it is trusted.
     pub(super) fn policy(&self, tenant: &TenantId) -> Option<PolicyState> {
-        self.policies
+        let found = self
+            .policies
             .get(tenant)
             .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(state, _)| state)
+            .map(|(state, _)| state);
+        self.observer
+            .cache_lookup(CacheKind::Policies, found.is_some());
+        found
     }
 
     /// The compiled policy kept for `tenant` if it is `version`, trusted or not: a policy read

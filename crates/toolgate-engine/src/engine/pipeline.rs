@@ -26,6 +26,7 @@ pub use parse::decode_arguments;
 
 use super::Engine;
 use crate::error::EngineError;
+use crate::observe::CallReport;
 use crate::outcome::{ExecuteOutcome, ExecuteRequest};
 use crate::trace;
 
@@ -113,23 +114,45 @@ impl Engine {
     /// they are normal results the LLM can explain. `Err` means the request itself could not
     /// be served (malformed ids, an unknown run, a reused tool_use_id, the ledger failing).
     pub async fn execute(&self, request: ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
+        let started = std::time::Instant::now();
         let name = trace::CallName {
             tool: &request.tool,
             redactor: &self.redactor,
         };
         let span = trace::call_span(request.tenant.as_str(), name);
-        let outcome = self.steps(request, &span).instrument(span.clone()).await;
-        trace::record_outcome(&span, &outcome);
-        outcome
+        let answer = self.steps(&request, &span).instrument(span.clone()).await;
+        trace::record_outcome(&span, &answer);
+        let report = match &answer {
+            Ok(outcome) => CallReport {
+                requested_tool: &request.tool,
+                status: Some(outcome.status),
+                decision: outcome.decision,
+                total: started.elapsed(),
+                connector: if outcome.replayed {
+                    Duration::ZERO
+                } else {
+                    outcome.duration
+                },
+            },
+            Err(_) => CallReport {
+                requested_tool: &request.tool,
+                status: None,
+                decision: None,
+                total: started.elapsed(),
+                connector: Duration::ZERO,
+            },
+        };
+        self.observer.call_finished(&report);
+        answer
     }
 
     /// [`Engine::execute`]'s steps, inside the call's span.
     async fn steps(
         &self,
-        request: ExecuteRequest,
+        request: &ExecuteRequest,
         span: &tracing::Span,
     ) -> Result<ExecuteOutcome, EngineError> {
-        let (mut call, arguments) = self.parse(&request).await?;
+        let (mut call, arguments) = self.parse(request).await?;
         trace::record_call(span, &call.record, call.name.as_ref());
         let admitted = match self.admit(&mut call, arguments).await {
             Ok(admitted) => admitted,

@@ -91,3 +91,103 @@ async fn each_attempt_is_logged_without_secrets() {
     assert!(!all.contains("xoxb"), "{all}");
     assert!(!all.contains("QUERYSECRET"), "{all}");
 }
+
+/// Every observation, in order, as text.
+#[derive(Debug, Default)]
+struct Seen(Mutex<Vec<String>>);
+
+impl toolgate_http::HttpObserver for Seen {
+    fn attempt(&self, host: &str, outcome: toolgate_http::AttemptOutcome) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("attempt {host} {outcome:?}"));
+    }
+
+    fn retry(&self, host: &str) {
+        self.0.lock().unwrap().push(format!("retry {host}"));
+    }
+
+    fn retry_budget_refused(&self, host: &str) {
+        self.0.lock().unwrap().push(format!("budget {host}"));
+    }
+
+    fn rate_limit_wait(&self, host: &str, _waited: Duration) {
+        self.0.lock().unwrap().push(format!("wait {host}"));
+    }
+}
+
+#[tokio::test]
+async fn the_observer_is_told_each_attempt_retry_spent_budget_and_wait() {
+    let server = MockServer::start().await;
+    // Two 503s, then a 200: the call retries twice and succeeds on its third attempt.
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(2)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let host = server.address().to_string();
+    let seen = Arc::new(Seen::default());
+    let mut vendor = config(&server);
+    vendor.observer = Arc::clone(&seen) as Arc<dyn toolgate_http::HttpObserver>;
+    // One request every 250 ms: each retry, after a backoff of at most 50 ms, waits for the
+    // rate.
+    vendor.rate_limit = toolgate_http::RateLimit::per_second(4, 1);
+    let client = HttpClient::new(vendor).unwrap();
+    let response = client
+        .send(
+            Request::get("ok").idempotent(true),
+            deadline_in(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.attempts, 3);
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        [
+            format!("attempt {host} Status(503)"),
+            format!("retry {host}"),
+            format!("wait {host}"),
+            format!("attempt {host} Status(503)"),
+            format!("retry {host}"),
+            format!("wait {host}"),
+            format!("attempt {host} Status(200)"),
+        ]
+    );
+
+    // A budget with nothing in it: the first retry is refused, and the observer hears of it.
+    let broke = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&broke)
+        .await;
+    let host = broke.address().to_string();
+    let seen = Arc::new(Seen::default());
+    let mut vendor = config(&broke);
+    vendor.retry.budget = toolgate_http::RetryBudget {
+        ratio_percent: 0,
+        min_per_second: 0,
+        max_balance: 0,
+    };
+    vendor.observer = Arc::clone(&seen) as Arc<dyn toolgate_http::HttpObserver>;
+    let client = HttpClient::new(vendor).unwrap();
+    let error = client
+        .send(
+            Request::get("down").idempotent(true),
+            deadline_in(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.attempts(), 1);
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        [
+            format!("attempt {host} Status(503)"),
+            format!("budget {host}")
+        ]
+    );
+}

@@ -151,26 +151,24 @@ impl Writer {
     }
 
     async fn commit_batch(&mut self, ops: Vec<WriteOp>) {
+        let started = std::time::Instant::now();
         let (kinds, replies): (Vec<OpKind>, Vec<_>) =
             ops.into_iter().map(|op| (op.kind, op.reply)).unzip();
         let mut attempt = 0;
-        let results = loop {
+        let (results, committed) = loop {
             match self.run_batch(&kinds).await {
-                Ok(results) => break results,
+                Ok(results) => break (results, true),
                 Err(BatchError::Retry(error)) if attempt < MAX_RETRIES => {
                     attempt += 1;
                     warn!(%error, attempt, "ledger batch conflicted; running it again");
                 }
                 Err(BatchError::Retry(error) | BatchError::Failed(error)) => {
                     warn!(%error, ops = kinds.len(), "ledger batch failed");
-                    break kinds.iter().map(|_| Err(error.copied())).collect();
+                    break (kinds.iter().map(|_| Err(error.copied())).collect(), false);
                 }
             }
         };
-        self.counters.ops.fetch_add(
-            u64::try_from(kinds.len()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.counters.batch_done(kinds.len(), started, committed);
         for (reply, result) in replies.into_iter().zip(results) {
             let _ = reply.send(result);
         }

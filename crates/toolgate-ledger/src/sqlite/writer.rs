@@ -168,19 +168,17 @@ impl Writer {
     }
 
     async fn commit_batch(&mut self, ops: Vec<WriteOp>) {
+        let started = std::time::Instant::now();
         let (kinds, replies): (Vec<OpKind>, Vec<_>) =
             ops.into_iter().map(|op| (op.kind, op.reply)).unzip();
-        let results = match self.run_batch(&kinds).await {
-            Ok(results) => results,
+        let (results, committed) = match self.run_batch(&kinds).await {
+            Ok(results) => (results, true),
             Err(error) => {
                 warn!(%error, ops = kinds.len(), "ledger batch failed");
-                kinds.iter().map(|_| Err(error.copied())).collect()
+                (kinds.iter().map(|_| Err(error.copied())).collect(), false)
             }
         };
-        self.counters.ops.fetch_add(
-            u64::try_from(kinds.len()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.counters.batch_done(kinds.len(), started, committed);
         for (reply, result) in replies.into_iter().zip(results) {
             // A caller that stopped waiting (a cancelled request) still had its write done.
             let _ = reply.send(result);

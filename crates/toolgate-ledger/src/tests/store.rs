@@ -866,10 +866,22 @@ on_both_backends! {
         let db = seeded(backend, 10).await;
         let store = db.store();
         let acme = tenant_id("acme");
+        assert_eq!(
+            store.pending_summary().await.unwrap(),
+            PendingSummary::default(),
+            "nothing pending"
+        );
         store
             .record_call(waiting_call("acme", "call-1", None))
             .await
             .unwrap();
+        assert_eq!(
+            store.pending_summary().await.unwrap(),
+            PendingSummary {
+                count: 1,
+                oldest_created_at: Some(pending("acme", "call-1").created_at),
+            }
+        );
         let expires = pending("acme", "call-1").expires_at;
         assert!(
             store
@@ -906,6 +918,7 @@ on_both_backends! {
                 .unwrap()
                 .is_empty()
         );
+        assert_eq!(store.pending_summary().await.unwrap().count, 0, "decided");
         let run_now = store
             .get_run(&acme, &run_id("run-1"))
             .await

@@ -98,7 +98,10 @@ impl Engine {
         )
         .instrument(trace::connector_span(&tool.spec.name, timeout.as_millis()))
         .await;
-        let ending = self.normalize(call, &tool.spec, timeout, invocation, started.elapsed());
+        let elapsed = started.elapsed();
+        self.observer
+            .connector_finished(tool.spec.name.as_str(), elapsed);
+        let ending = self.normalize(call, &tool.spec, timeout, invocation, elapsed);
         self.finish(call, verdict, ending).await
     }
 
