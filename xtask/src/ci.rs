@@ -82,12 +82,16 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
 
     step("cargo test (all features)");
     let tested = cargo_test(&root, postgres.url_for_tests(), &moto_server, &venv);
+    let tested = tested.and_then(|rust| {
+        step("python contract tests (grpcio and MCP clients)");
+        let python = python_tests(&root, &venv, postgres.url_for_tests())?;
+        Ok((rust, python))
+    });
     // Stops a server CI started, before anything else can fail.
     drop(postgres);
-    totals.add(tested?);
-
-    step("python contract tests (grpcio client)");
-    totals.add(python_tests(&root, &venv)?);
+    let (rust, python) = tested?;
+    totals.add(rust);
+    totals.add(python);
 
     println!();
     println!("{postgres_summary}");
@@ -255,7 +259,7 @@ fn python_env(root: &Path) -> anyhow::Result<PathBuf> {
 
 /// Generates stubs from `proto/` and runs the Python contract tests against the testkit
 /// gateway binary, in the environment [`python_env`] made.
-fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
+fn python_tests(root: &Path, venv: &Path, pg_url: Option<&str>) -> anyhow::Result<Totals> {
     let py_dir = root.join("target/py");
     let venv_python = venv.join("bin/python");
     let stubs = py_dir.join("stubs");
@@ -270,7 +274,8 @@ fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
             .current_dir(root),
     )?;
     let binary = root.join("target/debug/toolgate");
-    let output = Command::new(&venv_python)
+    let mut pytest = Command::new(&venv_python);
+    pytest
         .args([
             "-m",
             "pytest",
@@ -280,10 +285,13 @@ fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
             "tests/python",
         ])
         .env("PYTHONPATH", &stubs)
-        .env("TOOLGATE_BIN", &binary)
-        // The gateways pytest starts inherit this environment and refuse unknown TOOLGATE_*
-        // variables; this one is the Rust tests'.
-        .env_remove(pg::URL_ENV)
+        .env("TOOLGATE_BIN", &binary);
+    // The replica tests' PostgreSQL (the gateways they start tolerate the variable).
+    match pg_url {
+        Some(url) => pytest.env(pg::URL_ENV, url),
+        None => pytest.env_remove(pg::URL_ENV),
+    };
+    let output = pytest
         .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()

@@ -11,6 +11,7 @@ pub mod convert;
 mod drain;
 pub mod files;
 pub mod keys;
+mod mcp;
 pub mod metrics;
 mod overload;
 mod server;
