@@ -121,14 +121,14 @@ impl Buf {
         if path.exists() && installed == lock {
             return Ok(Buf { path });
         }
-        for (tool, what) in [("node", "Node.js"), ("npm", "npm")] {
+        for tool in ["node", "npm"] {
             let found = Command::new(tool)
                 .arg("--version")
                 .output()
                 .is_ok_and(|o| o.status.success());
             if !found {
                 bail!(
-                    "the contract check installs buf (npm package @bufbuild/buf) with npm, and `{tool}` does not run: install {what} (Node.js 18 or newer with npm, e.g. `apt-get install nodejs npm`)"
+                    "the contract check installs buf (npm package @bufbuild/buf) with npm, and `{tool}` does not run: install Node.js 18 or newer with npm (e.g. `apt-get install nodejs npm`)"
                 );
             }
         }
