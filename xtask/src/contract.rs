@@ -264,8 +264,9 @@ fn resolve_against(dir: &Path, rev: &str) -> anyhow::Result<Against> {
     let inside = git(dir, &["rev-parse", "--is-inside-work-tree"])?;
     if !inside.status.success() {
         bail!(
-            "{} is not a git checkout: the breaking-change check compares proto/ with {rev}, so it needs a clone with history",
-            dir.display()
+            "{} is not a git checkout: the breaking-change check compares proto/ with {rev}, so it needs a clone with history (git: {})",
+            dir.display(),
+            combined(&inside).trim()
         );
     }
     let commit = git(
