@@ -4,7 +4,8 @@
 //! test reads with) under `target/`, so a fresh clone
 //! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
-//! either it fails.
+//! either it fails. The proto contract check (`contract.rs`) installs buf with npm under
+//! `target/buf`, so it needs Node.js with npm, and a clone with the previous commit.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 
+use crate::contract;
 use crate::pg;
 
 /// Runs every check. `--no-lint` skips fmt and clippy (for quick local runs).
@@ -19,6 +21,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let lint = !args.iter().any(|a| a == "--no-lint");
     let root = workspace_root()?;
     let mut totals = Totals::default();
+
+    step("proto contract (buf lint, buf breaking against HEAD~1)");
+    contract::check(&root, contract::DEFAULT_AGAINST)?;
 
     if lint {
         step("cargo fmt --check");
