@@ -112,6 +112,6 @@ class Backoff:
         """The delay before the next attempt; None once the attempts are used up."""
         if self.attempts is not None and self.failures >= self.attempts:
             return None
-        delay = min(self.maximum, self.initial * (2**self.failures))
+        delay: float = min(self.maximum, self.initial * 2.0 ** min(self.failures, 32))
         self.failures += 1
         return delay

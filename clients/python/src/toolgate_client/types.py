@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from .v1 import toolgate_pb2 as pb
 
@@ -83,8 +83,8 @@ class Decision(_OpenStrEnum):
     # Resolve without executing: the call ends blocked with SKIPPED and the run moves on.
     CONTINUE = "continue"
 
-    def to_proto(self) -> int:
-        return int(pb.ResumeDecision.Value(f"RESUME_DECISION_{self.value.upper()}"))
+    def to_proto(self) -> pb.ResumeDecision:
+        return cast(pb.ResumeDecision, pb.ResumeDecision.Value(f"RESUME_DECISION_{self.value.upper()}"))
 
 
 class ResumeOutcome(_OpenStrEnum):
