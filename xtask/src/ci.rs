@@ -1,7 +1,8 @@
 //! `cargo xtask ci`: the whole test suite, in the order a reviewer would want failures
 //! reported (cheap checks first). It installs what it needs (the Python environment: the
 //! contract tests' grpcio client, the AWS emulator moto and the Prometheus parser the metrics
-//! test reads with) under `target/`, so a fresh clone
+//! test reads with, hatchling for the client package's wheel, and a fresh venv the wheel is
+//! tested in) under `target/`, so a fresh clone
 //! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
 //! either it fails. The proto contract check (`contract.rs`) installs buf with npm under
@@ -97,6 +98,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let (rust, python) = tested?;
     totals.add(rust);
     totals.add(python);
+
+    step("python client package (wheel, fresh venv, its tests)");
+    totals.add(python_client_tests(&root, &venv)?);
 
     println!();
     println!("{postgres_summary}");
@@ -302,6 +306,104 @@ fn python_tests(root: &Path, venv: &Path, pg_url: Option<&str>) -> anyhow::Resul
         .spawn()
         .context("cannot run pytest")?;
     let mut child = output;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        let trimmed = line.trim_matches(|c| c == '=' || c == ' ');
+        let summary = [" passed", " failed", " error"]
+            .iter()
+            .any(|w| trimmed.contains(w));
+        if summary && trimmed.contains(" in ") {
+            totals.passed += count_before(trimmed, " passed");
+            totals.failed += count_before(trimmed, " failed") + count_before(trimmed, " error");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && totals.failed == 0 {
+        bail!("pytest failed (exit {status}) without reporting failed tests; see above");
+    }
+    if totals.passed == 0 && totals.failed == 0 {
+        bail!("pytest ran no test");
+    }
+    Ok(totals)
+}
+
+/// Builds the `toolgate-client` wheel from `clients/python` with the pinned environment's
+/// hatchling (no build isolation: nothing is downloaded to build; the package's build hook
+/// generates the stubs from `proto/` with its grpcio-tools), installs it into a fresh venv
+/// with the package's test requirements (the package's dependencies constrained to the pins of
+/// `tests/python/requirements.txt`), and runs `clients/python/tests` there against the testkit
+/// gateway binary: the package is tested as a user installs it.
+fn python_client_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
+    let package = root.join("clients/python");
+    let dist = root.join("target/py/dist");
+    if dist.exists() {
+        std::fs::remove_dir_all(&dist)
+            .with_context(|| format!("cannot empty {}", dist.display()))?;
+    }
+    run_command(
+        Command::new(venv.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--no-build-isolation",
+                "--wheel-dir",
+            ])
+            .arg(&dist)
+            .arg(&package),
+    )?;
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&dist)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    let [wheel] = wheels.as_slice() else {
+        bail!("expected one wheel in {}, found {wheels:?}", dist.display());
+    };
+
+    let client_venv = root.join("target/py/client-venv");
+    run_command(
+        Command::new(which_python()?)
+            .args(["-m", "venv", "--clear"])
+            .arg(&client_venv),
+    )?;
+    let client_python = client_venv.join("bin/python");
+    run_command(
+        Command::new(&client_python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(wheel)
+            .arg("-r")
+            .arg(package.join("tests/requirements.txt"))
+            .arg("-c")
+            .arg(root.join("tests/python/requirements.txt")),
+    )?;
+    run_pytest(
+        Command::new(&client_python)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+            .env("TOOLGATE_BIN", root.join("target/debug/toolgate"))
+            // The gateways pytest starts inherit this environment and refuse unknown
+            // TOOLGATE_* variables; this one is the Rust tests'.
+            .env_remove(pg::URL_ENV)
+            .current_dir(&package),
+    )
+}
+
+/// Runs a pytest command, echoing its output and adding up its summary line.
+fn run_pytest(command: &mut Command) -> anyhow::Result<Totals> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run pytest")?;
     let stdout = child.stdout.take().context("piped stdout")?;
     let mut totals = Totals::default();
     for line in BufReader::new(stdout).lines() {
