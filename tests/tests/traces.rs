@@ -461,3 +461,97 @@ async fn a_call_joins_the_agents_trace_down_to_the_vendor_request() {
         "a credential reached a span"
     );
 }
+
+/// One MCP `tools/call` over a plain HTTP/1.1 connection, as any MCP client sends it; the
+/// response's body.
+async fn mcp_call(address: &str, token: &str, headers: &[(&str, &str)], body: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+#[tokio::test]
+async fn an_mcp_call_joins_the_trace_of_its_meta_or_its_header() {
+    const META_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const HEADER_TRACE: &str = "5b8efff798038103d269b633813fc60c";
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let gateway = Gateway::options()
+        .envs(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ])
+        .start();
+    let acme = Tenant::setup("acme")
+        .tools(&["testkit.echo"])
+        .create(&gateway)
+        .await;
+    let run = gateway.open_run(&acme.token, "support", 0).await;
+    let address = gateway.url.trim_start_matches("http://").to_owned();
+    let call = |id: &str, meta: &str| {
+        format!(
+            r#"{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": "testkit__echo", "arguments": {{"message": "{SECRET_TEXT}"}}, "_meta": {{"toolgate/tool_use_id": "{id}"{meta}}}}}}}"#
+        )
+    };
+    let run_header = ("Toolgate-Run-Id", run.as_str());
+    let in_meta = mcp_call(
+        &address,
+        &acme.token,
+        &[run_header],
+        &call(
+            "toolu_meta",
+            &format!(r#", "traceparent": "00-{META_TRACE}-{AGENT_SPAN}-01""#),
+        ),
+    )
+    .await;
+    assert!(in_meta.contains(r#""isError":false"#), "{in_meta}");
+    let traceparent = format!("00-{HEADER_TRACE}-{AGENT_SPAN}-01");
+    let in_header = mcp_call(
+        &address,
+        &acme.token,
+        &[run_header, ("traceparent", traceparent.as_str())],
+        &call("toolu_header", ""),
+    )
+    .await;
+    assert!(in_header.contains(r#""isError":false"#), "{in_header}");
+
+    let started = Instant::now();
+    let spans = loop {
+        let spans = receiver.spans.lock().unwrap().clone();
+        if named(&spans, "execute_tool testkit.echo").len() >= 2 {
+            break spans;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:#?}",
+            summary(&spans)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for (id, trace) in [("toolu_meta", META_TRACE), ("toolu_header", HEADER_TRACE)] {
+        let call = named(&spans, "execute_tool testkit.echo")
+            .into_iter()
+            .find(|span| attribute(span, "gen_ai.tool.call.id").as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no span of {id} in {:#?}", summary(&spans)));
+        assert_eq!(hex(&call.trace_id), trace, "{id}");
+        assert_eq!(
+            attribute(call, "gen_ai.conversation.id").as_deref(),
+            Some(run.as_str())
+        );
+    }
+    let everything = format!("{:?}", summary(&spans));
+    assert!(!everything.contains(SECRET_TEXT), "{everything}");
+}

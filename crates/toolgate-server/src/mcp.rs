@@ -55,6 +55,9 @@ pub(crate) const RUN_HEADER: &str = "toolgate-run-id";
 struct McpCaller {
     caller: Caller,
     run_header: Option<String>,
+    /// The caller's W3C trace context from the `traceparent` header, if it sent one: rmcp may
+    /// run the handler on a task of its own, outside the request's span.
+    trace_parent: Option<opentelemetry::Context>,
 }
 
 struct Entry {
@@ -116,9 +119,15 @@ async fn enter(State(entry): State<Arc<Entry>>, mut request: Request) -> Respons
             );
         }
     };
-    request
-        .extensions_mut()
-        .insert(McpCaller { caller, run_header });
+    let trace_parent = request
+        .headers()
+        .contains_key("traceparent")
+        .then(|| crate::telemetry::header_trace_context(request.headers()));
+    request.extensions_mut().insert(McpCaller {
+        caller,
+        run_header,
+        trace_parent,
+    });
     let mut service = entry.service.clone();
     let answered: Result<_, Infallible> = service.call(request).await;
     match answered {

@@ -24,6 +24,7 @@ mod grpc;
 mod json;
 
 pub use grpc::TraceLayer;
+pub(crate) use grpc::header_trace_context;
 
 /// How log lines are written (`TOOLGATE_LOG_FORMAT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -260,8 +260,7 @@ impl rmcp::ServerHandler for Gate {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let who = caller_of(&context)?;
-        // The caller's trace: `_meta.traceparent` when sent (the header's context is the
-        // request span's parent already).
+        // The caller's trace: `_meta.traceparent`, else the `traceparent` header.
         // rmcp hands the request's `_meta` over in the context.
         let mut request = request;
         if request.meta.is_none() && !context.meta.is_empty() {
@@ -269,11 +268,15 @@ impl rmcp::ServerHandler for Gate {
         }
         let span =
             tracing::debug_span!(target: "toolgate::mcp", "mcp.tools_call", otel.kind = "server");
-        if !span.is_disabled()
-            && let Some(meta) = request.meta.as_ref()
-            && let Some(parent) = meta_trace_context(&meta.0)
-        {
-            let _ = span.set_parent(parent);
+        if !span.is_disabled() {
+            let parent = request
+                .meta
+                .as_ref()
+                .and_then(|meta| meta_trace_context(&meta.0))
+                .or_else(|| who.trace_parent.clone());
+            if let Some(parent) = parent {
+                let _ = span.set_parent(parent);
+            }
         }
         let result = async {
             if request.name == CALL_STATUS_TOOL {

@@ -51,29 +51,51 @@ where
 }
 
 fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
+    let grpc = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
     // `/toolgate.v1.AgentService/ExecuteTool`: both parts are names from the contract (or
     // whatever a client sent, which is not a secret's place and is cut short).
-    let path = request.uri().path().trim_start_matches('/');
+    let path = request.uri().path();
     let path: String = path.chars().take(128).collect();
-    let (service, method) = path.split_once('/').unwrap_or((path.as_str(), ""));
-    let span = tracing::debug_span!(
-        target: "toolgate::grpc",
-        "grpc.request",
-        otel.name = path.as_str(),
-        otel.kind = "server",
-        rpc.system = "grpc",
-        rpc.service = service,
-        rpc.method = method,
-    );
+    let span = if grpc {
+        let path = path.trim_start_matches('/');
+        let (service, method) = path.split_once('/').unwrap_or((path, ""));
+        tracing::debug_span!(
+            target: "toolgate::grpc",
+            "grpc.request",
+            otel.name = path,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = service,
+            rpc.method = method,
+        )
+    } else {
+        // The HTTP routes beside gRPC (MCP): `POST /mcp`.
+        let method = request.method().as_str();
+        tracing::debug_span!(
+            target: "toolgate::http",
+            "http.request",
+            otel.name = format!("{method} {path}"),
+            otel.kind = "server",
+            http.request.method = method,
+            url.path = path.as_str(),
+        )
+    };
     if span.is_disabled() {
         return span;
     }
-    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&HeaderExtractor(request.headers()))
-    });
     // A context without a valid remote span (no or a malformed header) makes this a root.
-    let _ = span.set_parent(parent);
+    let _ = span.set_parent(header_trace_context(request.headers()));
     span
+}
+
+/// The W3C trace context of `headers` (`traceparent`, `tracestate`), by the global propagator.
+pub(crate) fn header_trace_context(headers: &http::HeaderMap) -> opentelemetry::Context {
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(headers))
+    })
 }
 
 struct HeaderExtractor<'a>(&'a http::HeaderMap);
