@@ -292,3 +292,77 @@ def test_calls_without_a_run_share_the_tokens_standing_run(gateway, bound_token,
     assert rows[0].tool_use_id != rows[1].tool_use_id
     run = gateway.agent.GetRun(pb.GetRunRequest(run_id=rows[0].run_id), metadata=bearer(bound_token))
     assert sorted(run.manifest) == ["testkit.echo", "testkit.noop", "testkit.transfer"]
+
+
+def modern_request(gateway, token, method, params, extensions=None):
+    """One stateless 2026-07-28 JSON-RPC request, its per-request metadata included, as a
+    client of the tasks extension sends it; the JSON-RPC response."""
+    capabilities = {"extensions": extensions} if extensions else {}
+    params = {
+        **params,
+        "_meta": {
+            **params.get("_meta", {}),
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw-test-client", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        },
+    }
+    response = httpx2.post(
+        mcp_url(gateway),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": method,
+            # The standard headers mirror the request's target: the tool, or the task.
+            "Mcp-Name": params.get("name") or params.get("taskId", ""),
+        },
+        content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}),
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_waiting_call_is_a_task_for_clients_of_the_tasks_extension(gateway, bound_token):
+    admin_auth = bearer(gateway.admin_token)
+    gateway.admin.PutPolicy(pb.PutPolicyRequest(tenant_id="acme", text=APPROVAL_POLICY), metadata=admin_auth)
+    approver = gateway.admin.CreateToken(
+        pb.CreateTokenRequest(role="approver", tenant_id="acme", label="alice"), metadata=admin_auth
+    ).token
+    tasks = {"io.modelcontextprotocol/tasks": {}}
+    transfer = {"name": "testkit__transfer", "arguments": {"amount": 5000, "region": "us-east-1", "account": "a"}}
+
+    # Without the extension: the plain waiting answer.
+    plain = modern_request(gateway, bound_token, "tools/call", transfer)["result"]
+    assert plain["isError"] is True and plain["structuredContent"]["status"] == "waiting_approval"
+
+    created = modern_request(gateway, bound_token, "tools/call", transfer, extensions=tasks)["result"]
+    assert created["resultType"] == "task", created
+    assert created["status"] == "working"
+    task_id = created["taskId"]
+    assert task_id.startswith("tc_")
+
+    working = modern_request(gateway, bound_token, "tasks/get", {"taskId": task_id}, extensions=tasks)["result"]
+    assert working["status"] == "working" and "human" in working["statusMessage"], working
+
+    # Another tenant's agent cannot see it.
+    other = agent_token_for(gateway, "globex", "support")
+    foreign = modern_request(gateway, other, "tasks/get", {"taskId": task_id}, extensions=tasks)
+    assert "error" in foreign and "not found" in foreign["error"]["message"], foreign
+
+    run_id = gateway.agent.GetToolCall(pb.GetToolCallRequest(tool_call_id=task_id), metadata=bearer(bound_token)).run_id
+    approvals = rpc.ApprovalServiceStub(gateway.channel)
+    pending = [
+        p for p in approvals.ListPending(pb.ListPendingRequest(run_id=run_id), metadata=bearer(approver)).invocations
+        if p.tool_call_id == task_id
+    ]
+    assert len(pending) == 1
+    approvals.Resume(
+        pb.ResumeRequest(run_id=run_id, invocation_id=pending[0].invocation_id, decision=pb.RESUME_DECISION_APPROVE),
+        metadata=bearer(approver),
+    )
+    done = modern_request(gateway, bound_token, "tasks/get", {"taskId": task_id}, extensions=tasks)["result"]
+    assert done["status"] == "completed", done
+    assert done["result"]["isError"] is False
+    assert done["result"]["_meta"]["toolgate/status"] == "succeeded"

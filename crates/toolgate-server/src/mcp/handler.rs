@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    Implementation, JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult,
+    DetailedTask, ErrorData, GetTaskParams, GetTaskResult, Implementation, JsonObject,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    TASKS_EXTENSION_ID, Task, TaskPayload, TaskStatus, Tool, ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Value, json};
@@ -223,9 +224,14 @@ impl Gate {
 
 impl rmcp::ServerHandler for Gate {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("toolgate", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("toolgate", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
@@ -287,8 +293,122 @@ impl rmcp::ServerHandler for Gate {
         }
         .instrument(span)
         .await;
+        // A call waiting for a human is a task for clients of the tasks extension: its id is
+        // the call's, so any replica answers `tasks/get` from the ledger.
+        if client_has_tasks(&context)
+            && let Some(task) = waiting_task(&result)
+        {
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
+        }
         Ok(CallToolResponse::Complete(result))
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let who = caller_of(&context)?;
+        let tenant = who.caller.tenant().map_err(protocol_error)?;
+        let id = ToolCallId::new(request.task_id)
+            .map_err(|e| protocol_error(ServiceError::invalid("taskId", e)))?;
+        let record = self
+            .shared
+            .engine
+            .get_tool_call(tenant, &id)
+            .await
+            .map_err(|e| protocol_error(e.into()))?;
+        // A token bound to one agent sees that agent's calls only, as on gRPC.
+        if who
+            .caller
+            .agent
+            .as_ref()
+            .is_some_and(|a| *a != record.agent)
+        {
+            return Err(protocol_error(ServiceError::NotFound(format!(
+                "tool call `{id}`"
+            ))));
+        }
+        let task = Task::new(
+            id.to_string(),
+            TaskStatus::Working,
+            rfc3339(record.created_at.0),
+            rfc3339(record.updated_at.0),
+        )
+        .with_poll_interval_ms(TASK_POLL_INTERVAL_MS);
+        let payload = match record.status {
+            ToolCallStatus::WaitingApproval
+            | ToolCallStatus::Approved
+            | ToolCallStatus::Running => TaskPayload::Working,
+            _ => {
+                let outcome = self
+                    .shared
+                    .engine
+                    .await_tool_call(tenant, who.caller.agent.as_ref(), &id, Duration::ZERO)
+                    .await
+                    .map_err(|e| protocol_error(e.into()))?;
+                let Ok(Value::Object(result)) = serde_json::to_value(outcome_result(outcome))
+                else {
+                    return Err(ErrorData::internal_error(
+                        "the call's result could not be written as JSON",
+                        None,
+                    ));
+                };
+                TaskPayload::Completed { result }
+            }
+        };
+        let task = match payload {
+            TaskPayload::Working => {
+                task.with_status_message("awaiting a human decision; the call runs once approved")
+            }
+            _ => task,
+        };
+        Ok(GetTaskResult::new(DetailedTask::new(task, payload)))
+    }
+}
+
+/// How often a client should poll a waiting call's task: humans decide in seconds at best.
+const TASK_POLL_INTERVAL_MS: u64 = 2_000;
+
+/// Whether the client declared the tasks extension: in the request's `_meta` (2026-07-28
+/// sends its capabilities with every request), or at its handshake.
+fn client_has_tasks(context: &RequestContext<RoleServer>) -> bool {
+    let declared = |capabilities: &rmcp::model::ClientCapabilities| {
+        capabilities
+            .extensions
+            .as_ref()
+            .is_some_and(|extensions| extensions.contains_key(TASKS_EXTENSION_ID))
+    };
+    context
+        .meta
+        .client_capabilities()
+        .is_some_and(|capabilities| declared(&capabilities))
+        || context
+            .peer
+            .peer_info()
+            .is_some_and(|info| declared(&info.capabilities))
+}
+
+/// The task of a result that says its call waits for a human.
+fn waiting_task(result: &CallToolResult) -> Option<Task> {
+    let meta = result.meta.as_ref()?;
+    if meta.get("toolgate/status").and_then(Value::as_str) != Some("waiting_approval") {
+        return None;
+    }
+    let id = meta.get("toolgate/tool_call_id").and_then(Value::as_str)?;
+    let now = rmcp::task_manager::current_timestamp();
+    Some(
+        Task::new(id, TaskStatus::Working, now.clone(), now)
+            .with_status_message("awaiting a human decision; the call runs once approved")
+            .with_poll_interval_ms(TASK_POLL_INTERVAL_MS),
+    )
+}
+
+/// Milliseconds since the epoch as RFC 3339 (UTC).
+fn rfc3339(millis: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(millis)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// The W3C context in `_meta` (`traceparent`, `tracestate`), if it holds a valid one.
