@@ -26,6 +26,11 @@ mod json;
 pub use grpc::TraceLayer;
 pub(crate) use grpc::header_trace_context;
 
+/// The log filter unless `TOOLGATE_LOG` sets one: info, but the MCP library's lines only from
+/// warnings up (at info it writes three lines per MCP request, each stateless request being a
+/// service of its own that starts and ends).
+pub const DEFAULT_LOG_FILTER: &str = "info,rmcp=warn";
+
 /// How log lines are written (`TOOLGATE_LOG_FORMAT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -78,7 +83,7 @@ impl TelemetrySettings {
                 )));
             }
         };
-        let log_filter = get("TOOLGATE_LOG").unwrap_or("info").to_owned();
+        let log_filter = get("TOOLGATE_LOG").unwrap_or(DEFAULT_LOG_FILTER).to_owned();
         if let Err(error) = tracing_subscriber::EnvFilter::builder().parse(&log_filter) {
             return Err(TelemetryError(format!(
                 "TOOLGATE_LOG `{log_filter}` is not a log filter: {error}"
@@ -315,6 +320,11 @@ mod tests {
                 assert_eq!(export.service_name, *service, "{env:?}");
             }
         }
+        assert_eq!(settings(&[]).unwrap().log_filter, "info,rmcp=warn");
+        assert_eq!(
+            settings(&[("TOOLGATE_LOG", "debug")]).unwrap().log_filter,
+            "debug"
+        );
     }
 
     #[test]
