@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use crate::auth::{AuthLayer, Authenticator, issue_token};
 use crate::config::Config;
+use crate::console::links::LinkMinter;
 use crate::connectors::build_observed_registry;
 use crate::drain::{Drain, Draining};
 use crate::files::{refuse_shared_file, write_private_file};
@@ -238,12 +239,19 @@ async fn run(
         ));
     }
     let drain = Drain::new();
+    let console = config.console.enabled;
     let shared = Shared {
         engine,
         auth: Arc::clone(&auth),
         clock,
         keys: key_manager,
         drain: Arc::clone(&drain),
+        client_links: config
+            .console
+            .public_url
+            .as_deref()
+            .filter(|_| console)
+            .map(|base| Arc::new(LinkMinter::new(base, config.console.client_link_ttl))),
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -273,8 +281,18 @@ async fn run(
     let limits = MessageLimits::for_arguments(config.engine.max_argument_bytes);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let admission = Admission::new(config.limits);
+    // The console's pages share the port (HTTP/1.1 for browsers); without it, gRPC only.
+    let console_routes = console.then(|| {
+        tonic::service::Routes::from(crate::console::router(
+            shared.clone(),
+            config.console.clone(),
+            config.tls.is_some(),
+        ))
+    });
     let router = tonic::transport::Server::builder()
+        .accept_http1(console)
         .layer(TraceLayer)
+        .add_routes(console_routes.unwrap_or_default())
         .add_service(health_service)
         .add_service(reflection)
         .add_service(Overload::new(
