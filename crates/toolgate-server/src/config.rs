@@ -59,8 +59,9 @@ pub struct ConsoleSettings {
     /// Whether the console is served.
     pub enabled: bool,
     /// The URL people reach the gateway at (`https://gate.example.com`): client approval
-    /// links point there, and forms are taken from its origin. `None`: links are not minted,
-    /// and forms are taken from the origin naming the request's own `Host`.
+    /// links point there, and forms are taken from its origin. `None`: links are paths on the
+    /// gateway (`/console/link/...`), and forms are taken from the origin naming the request's
+    /// own `Host`.
     pub public_url: Option<String>,
     /// Further origins forms are taken from (a proxy's other names).
     pub allowed_origins: Vec<String>,

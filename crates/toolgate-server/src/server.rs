@@ -246,12 +246,12 @@ async fn run(
         clock,
         keys: key_manager,
         drain: Arc::clone(&drain),
-        client_links: config
-            .console
-            .public_url
-            .as_deref()
-            .filter(|_| console)
-            .map(|base| Arc::new(LinkMinter::new(base, config.console.client_link_ttl))),
+        client_links: console.then(|| {
+            Arc::new(LinkMinter::new(
+                config.console.public_url.as_deref(),
+                config.console.client_link_ttl,
+            ))
+        }),
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

@@ -24,16 +24,17 @@ use crate::status::ServiceError;
 /// Mints client approval links for the agent service.
 #[derive(Debug)]
 pub(crate) struct LinkMinter {
-    /// Where links point: `{base}/console/link/{secret}`.
+    /// Where links point: `{base}/console/link/{secret}`; empty (a path on the gateway) without
+    /// `console.public_url`.
     base: String,
     /// How long a link lives at most (never past its invocation's expiry).
     ttl_ms: i64,
 }
 
 impl LinkMinter {
-    pub(crate) fn new(base: &str, ttl: std::time::Duration) -> LinkMinter {
+    pub(crate) fn new(base: Option<&str>, ttl: std::time::Duration) -> LinkMinter {
         LinkMinter {
-            base: base.trim_end_matches('/').to_owned(),
+            base: base.unwrap_or_default().trim_end_matches('/').to_owned(),
             ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
         }
     }
