@@ -337,6 +337,12 @@ async fn forged_and_cross_origin_posts_are_refused_and_change_nothing() {
     assert_eq!(cross_site.status, 403, "{}", cross_site.body);
     let no_origin = browser.post_from(&path, &fields, None, None).await;
     assert_eq!(no_origin.status, 403, "{}", no_origin.body);
+    // `Origin: null` (what browsers send under `Referrer-Policy: no-referrer`) counts only
+    // with `Sec-Fetch-Site: same-origin`.
+    for site in [None, Some("cross-site"), Some("same-site")] {
+        let null = browser.post_from(&path, &fields, Some("null"), site).await;
+        assert_eq!(null.status, 403, "{site:?}: {}", null.body);
+    }
     // A sign-in form posted from elsewhere (login CSRF) is refused too.
     let sign_in = browser
         .post_from(

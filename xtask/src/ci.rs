@@ -1,7 +1,8 @@
 //! `cargo xtask ci`: the whole test suite, in the order a reviewer would want failures
 //! reported (cheap checks first). It installs what it needs (the Python environment: the
 //! contract tests' grpcio client, the AWS emulator moto and the Prometheus parser the metrics
-//! test reads with) under `target/`, so a fresh clone
+//! test reads with) under `target/`, and the Debian packages of headless Chromium for the
+//! console's browser test (apt-get, when missing), so a fresh clone
 //! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
 //! either it fails.
@@ -85,6 +86,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     // Stops a server CI started, before anything else can fail.
     drop(postgres);
     totals.add(tested?);
+
+    step("headless Chromium for the console's browser test");
+    ensure_chromium()?;
 
     step("python contract tests (grpcio client)");
     totals.add(python_tests(&root, &venv)?);
@@ -311,6 +315,38 @@ fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
         bail!("pytest ran no test");
     }
     Ok(totals)
+}
+
+/// The Debian packages the console's browser test drives (`tests/python/test_console.py`),
+/// and the paths it finds them at.
+const CHROMIUM_PACKAGES: &[&str] = &["chromium", "chromium-driver"];
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// Installs Chromium and its WebDriver with apt-get when either is missing (CI runs as root on
+/// Debian); fails naming the packages when that is not possible.
+fn ensure_chromium() -> anyhow::Result<()> {
+    let present = || Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
+    if present() {
+        return Ok(());
+    }
+    let packages = CHROMIUM_PACKAGES.join(" ");
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend_from_slice(CHROMIUM_PACKAGES);
+    // The package lists may be missing on a fresh machine: update once and try again.
+    if !(apt(&install) || (apt(&["update"]) && apt(&install))) || !present() {
+        bail!(
+            "the console's browser test needs the Debian packages {packages} ({CHROMIUM}, {CHROMEDRIVER}) and apt-get could not install them; install them (as root: `apt-get install {packages}`) and run again"
+        );
+    }
+    Ok(())
 }
 
 fn which_python() -> anyhow::Result<PathBuf> {

@@ -267,7 +267,12 @@ impl Console {
                 return Err("The form was sent from another site.");
             }
         }
-        match headers.get(header::ORIGIN) {
+        // Under `Referrer-Policy: no-referrer` browsers send `Origin: null` with form POSTs:
+        // then `Sec-Fetch-Site` (which no page script can set) must vouch for the request.
+        let origin = headers
+            .get(header::ORIGIN)
+            .filter(|origin| origin.as_bytes() != b"null");
+        match origin {
             Some(origin) => {
                 let origin = origin.to_str().map_err(|_| "The request's origin is not text.")?;
                 if self.origin_allowed(origin, headers) {
