@@ -2,7 +2,8 @@
 //! HTTP/1.1 on the gRPC port: security headers, the session cookie and its expiry, sign-out,
 //! CSRF and origin checks, the sign-in rate limit, tenancy, decisions carrying the row
 //! version, client approval links, and bad input answered with a page and nothing changed.
-//! Cookies are handled by hand so their attributes can be checked.
+//! Requests are written by hand (HTTP/1.1 over a socket), cookies too, so every header and
+//! cookie attribute can be set and checked.
 
 use std::time::Duration;
 
@@ -24,11 +25,45 @@ fn start(env: &[(&str, &str)]) -> Gateway {
     Gateway::options().envs(&all).start()
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`), read to its end: the
+/// console's pages answer with a length, and a browser's exchange needs nothing more.
+async fn exchange(address: &str, request: &str, body: &str) -> Page {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "{request}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
         .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .map(|line| {
+            let (name, value) = line.split_once(':').unwrap();
+            (name.trim().to_ascii_lowercase(), value.trim().to_owned())
+        })
+        .collect();
+    Page {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
 }
 
 fn form(fields: &[(&str, &str)]) -> String {
@@ -41,18 +76,26 @@ fn form(fields: &[(&str, &str)]) -> String {
 
 /// A browser's view of one console: its cookie and the gateway's origin.
 struct Browser {
-    http: reqwest::Client,
+    address: String,
     base: String,
     cookie: Option<String>,
 }
 
 struct Page {
     status: u16,
-    headers: reqwest::header::HeaderMap,
+    headers: Vec<(String, String)>,
     body: String,
 }
 
 impl Page {
+    /// The first header `name` (lower case).
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
     /// The value of the first `name="csrf"` hidden field.
     fn csrf(&self) -> String {
         hidden(&self.body, "csrf")
@@ -71,28 +114,26 @@ fn hidden(body: &str, name: &str) -> String {
 impl Browser {
     fn new(gateway: &Gateway) -> Browser {
         Browser {
-            http: http(),
+            address: gateway.url.trim_start_matches("http://").to_owned(),
             base: gateway.url.clone(),
             cookie: None,
         }
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder) -> Page {
-        let request = match &self.cookie {
-            Some(cookie) => request.header("cookie", cookie),
-            None => request,
-        };
-        let response = request.send().await.unwrap();
-        Page {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.text().await.unwrap(),
-        }
+    fn cookie_line(&self) -> String {
+        self.cookie
+            .as_ref()
+            .map(|cookie| format!("Cookie: {cookie}\r\n"))
+            .unwrap_or_default()
     }
 
     async fn get(&self, path: &str) -> Page {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-            .await
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\n{}",
+            self.address,
+            self.cookie_line()
+        );
+        exchange(&self.address, &request, "").await
     }
 
     /// A POST as the console's own page sends it (same origin).
@@ -108,24 +149,24 @@ impl Browser {
         origin: Option<&str>,
         fetch_site: Option<&str>,
     ) -> Page {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form(fields));
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\n{}Content-Type: application/x-www-form-urlencoded\r\n",
+            self.address,
+            self.cookie_line()
+        );
         if let Some(origin) = origin {
-            request = request.header("origin", origin);
+            request.push_str(&format!("Origin: {origin}\r\n"));
         }
         if let Some(site) = fetch_site {
-            request = request.header("sec-fetch-site", site);
+            request.push_str(&format!("Sec-Fetch-Site: {site}\r\n"));
         }
-        self.send(request).await
+        exchange(&self.address, &request, &form(fields)).await
     }
 
     async fn sign_in(&mut self, token: &str) -> Page {
         let page = self.post("/console/sign-in", &[("token", token)]).await;
         assert_eq!(page.status, 303, "{}", page.body);
-        let set = page.headers["set-cookie"].to_str().unwrap().to_owned();
+        let set = page.header("set-cookie").unwrap().to_owned();
         self.cookie = Some(set.split(';').next().unwrap().to_owned());
         page
     }
@@ -148,7 +189,7 @@ async fn pages_carry_the_security_headers_and_the_session_cookie_is_strict() {
 
     let page = browser.get("/console/sign-in").await;
     assert_eq!(page.status, 200);
-    let header = |name: &str| page.headers[name].to_str().unwrap().to_owned();
+    let header = |name: &str| page.header(name).unwrap().to_owned();
     assert_eq!(
         header("content-security-policy"),
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
@@ -160,22 +201,27 @@ async fn pages_carry_the_security_headers_and_the_session_cookie_is_strict() {
     assert!(!page.body.contains("<script>"), "no inline script");
     let script = browser.get("/console/assets/htmx.js").await;
     assert_eq!(script.status, 200);
-    assert!(script.headers["content-type"].to_str().unwrap().starts_with("text/javascript"));
+    assert!(
+        script
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/javascript")
+    );
 
     // Not signed in: the queue sends to the sign-in page.
     let queue = browser.get("/console/queue").await;
     assert_eq!(queue.status, 303);
-    assert_eq!(queue.headers["location"], "/console/sign-in");
+    assert_eq!(queue.header("location"), Some("/console/sign-in"));
 
     let signed = browser.sign_in(acme.approver()).await;
-    let cookie = signed.headers["set-cookie"].to_str().unwrap();
+    let cookie = signed.header("set-cookie").unwrap();
     // Plaintext listener: no `Secure`, so no `__Host-` prefix (it requires `Secure`).
     assert!(cookie.starts_with("tg_session="), "{cookie}");
     for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="] {
         assert!(cookie.contains(attribute), "{cookie} lacks {attribute}");
     }
     assert!(!cookie.contains("Secure"), "{cookie}");
-    assert_eq!(signed.headers["location"], "/console/queue");
+    assert_eq!(signed.header("location"), Some("/console/queue"));
     let queue = browser.get("/console/queue").await;
     assert_eq!(queue.status, 200, "{}", queue.body);
     assert!(queue.body.contains("Nothing is waiting"), "{}", queue.body);
@@ -186,9 +232,12 @@ async fn pages_carry_the_security_headers_and_the_session_cookie_is_strict() {
         .post("/console/sign-out", &[("csrf", csrf.as_str())])
         .await;
     assert_eq!(out.status, 200, "{}", out.body);
-    assert!(out.headers["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+    assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
     let after = browser.get("/console/queue").await;
-    assert_eq!(after.status, 303, "the old cookie names no session any more");
+    assert_eq!(
+        after.status, 303,
+        "the old cookie names no session any more"
+    );
 
     // A tampered cookie names no session.
     browser.sign_in(acme.approver()).await;
@@ -262,10 +311,13 @@ async fn a_revoked_token_ends_its_sessions_and_admin_tokens_do_not_sign_in() {
     assert!(page.body.contains("revoked"), "{}", page.body);
 
     let refused = Browser::new(&gateway)
-        .post("/console/sign-in", &[("token", gateway.admin_token.as_str())])
+        .post(
+            "/console/sign-in",
+            &[("token", gateway.admin_token.as_str())],
+        )
         .await;
     assert_eq!(refused.status, 403, "{}", refused.body);
-    assert!(refused.headers.get("set-cookie").is_none());
+    assert!(refused.header("set-cookie").is_none());
 }
 
 #[tokio::test]
@@ -286,7 +338,7 @@ async fn sign_in_attempts_are_rate_limited() {
         .await;
     assert_eq!(page.status, 429, "{}", page.body);
     assert!(page.body.contains("Too many sign-in attempts"));
-    assert!(page.headers.get("set-cookie").is_none());
+    assert!(page.header("set-cookie").is_none());
 }
 
 #[tokio::test]
@@ -317,7 +369,11 @@ async fn forged_and_cross_origin_posts_are_refused_and_change_nothing() {
     let wrong_token = browser
         .post(
             &path,
-            &[("csrf", "forged"), ("version", &version), ("decision", "approve")],
+            &[
+                ("csrf", "forged"),
+                ("version", &version),
+                ("decision", "approve"),
+            ],
         )
         .await;
     assert_eq!(wrong_token.status, 403);
@@ -378,7 +434,11 @@ async fn a_decision_carries_the_row_version_and_a_stale_page_says_who_decided() 
     second.sign_in(acme.approver()).await;
 
     let queue = first.get("/console/queue").await;
-    assert!(queue.body.contains(&call.pending_invocation_id), "{}", queue.body);
+    assert!(
+        queue.body.contains(&call.pending_invocation_id),
+        "{}",
+        queue.body
+    );
     let rows = first.get("/console/queue/rows").await;
     assert!(rows.body.contains(&call.pending_invocation_id));
     assert!(!rows.body.contains("<html"), "the poll answers a fragment");
@@ -386,7 +446,11 @@ async fn a_decision_carries_the_row_version_and_a_stale_page_says_who_decided() 
     let path = format!("/console/invocations/{}", call.pending_invocation_id);
     let a = first.get(&path).await;
     let b = second.get(&path).await;
-    assert!(a.body.contains("&quot;amount&quot;: 5000"), "pretty-printed arguments: {}", a.body);
+    assert!(
+        a.body.contains("&quot;amount&quot;: 5000"),
+        "pretty-printed arguments: {}",
+        a.body
+    );
     assert!(a.body.contains("big"), "the policy that fired: {}", a.body);
 
     // Reject needs a reason: refused, nothing changed.
@@ -415,11 +479,16 @@ async fn a_decision_carries_the_row_version_and_a_stale_page_says_who_decided() 
         .await;
     assert_eq!(approved.status, 200, "{}", approved.body);
     assert!(
-        approved.body.contains("Approved: the call ran and ended succeeded"),
+        approved
+            .body
+            .contains("Approved: the call ran and ended succeeded"),
         "{}",
         approved.body
     );
-    assert!(approved.body.contains("id=\"output\""), "the outcome is shown");
+    assert!(
+        approved.body.contains("id=\"output\""),
+        "the outcome is shown"
+    );
 
     let stale = second
         .post(
@@ -484,7 +553,12 @@ async fn oversized_malformed_and_bad_filter_input_gets_a_clear_page() {
     let oversized = browser
         .post(
             &path,
-            &[("csrf", &csrf), ("version", "1"), ("decision", "reject"), ("reason", &big)],
+            &[
+                ("csrf", &csrf),
+                ("version", "1"),
+                ("decision", "reject"),
+                ("reason", &big),
+            ],
         )
         .await;
     assert_eq!(oversized.status, 413, "{}", oversized.body);
@@ -492,15 +566,24 @@ async fn oversized_malformed_and_bad_filter_input_gets_a_clear_page() {
     let twice = browser
         .post(
             &path,
-            &[("csrf", &csrf), ("decision", "approve"), ("decision", "reject")],
+            &[
+                ("csrf", &csrf),
+                ("decision", "approve"),
+                ("decision", "reject"),
+            ],
         )
         .await;
     assert_eq!(twice.status, 400, "{}", twice.body);
     let unknown = browser
-        .post(&path, &[("csrf", &csrf), ("version", "1"), ("decision", "delete")])
+        .post(
+            &path,
+            &[("csrf", &csrf), ("version", "1"), ("decision", "delete")],
+        )
         .await;
     assert_eq!(unknown.status, 400, "{}", unknown.body);
-    let filter = browser.get("/console/queue?risk=extreme&origin=SOMETIMES").await;
+    let filter = browser
+        .get("/console/queue?risk=extreme&origin=SOMETIMES")
+        .await;
     assert_eq!(filter.status, 200);
     assert!(filter.body.contains("is not one of"), "{}", filter.body);
     let missing = browser.get("/console/nowhere").await;
@@ -529,7 +612,10 @@ async fn a_client_link_decides_exactly_its_call_once() {
         .await;
     let first = suspended(&gateway, &acme.token).await;
     let other = suspended(&gateway, &acme.token).await;
-    assert!(first.client_approval_url.starts_with("/console/link/"), "{first:?}");
+    assert!(
+        first.client_approval_url.starts_with("/console/link/"),
+        "{first:?}"
+    );
     assert_ne!(first.client_approval_url, other.client_approval_url);
     // An expert-approval call gets no link.
     let expert = gateway.transfer_tenant("globex").await;
@@ -542,12 +628,17 @@ async fn a_client_link_decides_exactly_its_call_once() {
     let shown = client.get(&link).await;
     assert_eq!(shown.status, 200, "{}", shown.body);
     assert!(shown.body.contains("testkit.transfer"));
-    assert!(!shown.body.contains("sign-out"), "the link page shows nothing else");
+    assert!(
+        !shown.body.contains("sign-out"),
+        "the link page shows nothing else"
+    );
 
     let approved = client.post(&link, &[("decision", "approve")]).await;
     assert_eq!(approved.status, 200, "{}", approved.body);
     assert!(
-        approved.body.contains("Approved: the call ran and ended succeeded"),
+        approved
+            .body
+            .contains("Approved: the call ran and ended succeeded"),
         "{}",
         approved.body
     );

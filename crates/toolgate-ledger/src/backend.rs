@@ -156,9 +156,11 @@ impl<B: Backend> Store for B {
     }
 
     async fn delete_console_session(&self, id_hash: &str) -> Result<bool, LedgerError> {
-        self.submit(OpKind::Console(ConsoleOp::DeleteSession(id_hash.to_owned())))
-            .await?
-            .finished()
+        self.submit(OpKind::Console(ConsoleOp::DeleteSession(
+            id_hash.to_owned(),
+        )))
+        .await?
+        .finished()
     }
 
     async fn purge_console_sessions(
@@ -166,9 +168,12 @@ impl<B: Backend> Store for B {
         now: Timestamp,
         idle_before: Timestamp,
     ) -> Result<u64, LedgerError> {
-        self.submit(OpKind::Console(ConsoleOp::PurgeSessions { now, idle_before }))
-            .await?
-            .count()
+        self.submit(OpKind::Console(ConsoleOp::PurgeSessions {
+            now,
+            idle_before,
+        }))
+        .await?
+        .count()
     }
 
     async fn create_client_link(

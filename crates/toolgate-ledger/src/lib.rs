@@ -37,8 +37,8 @@ mod tests;
 mod verify;
 
 pub use chain::{EventFields, GENESIS_HASH, event_hash};
-pub use console::{ClientLink, ConsoleSession, PendingDetails};
 pub use checkpoint::{CHECKPOINT_FORMAT, Checkpoint, CheckpointAuth};
+pub use console::{ClientLink, ConsoleSession, PendingDetails};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;
 pub use observe::LedgerObserver;

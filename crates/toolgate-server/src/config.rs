@@ -291,10 +291,19 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_METRICS_LISTEN", "metrics.listen"),
     ("TOOLGATE_CONSOLE_ENABLED", "console.enabled"),
     ("TOOLGATE_CONSOLE_PUBLIC_URL", "console.public_url"),
-    ("TOOLGATE_CONSOLE_ALLOWED_ORIGINS", "console.allowed_origins"),
-    ("TOOLGATE_CONSOLE_SESSION_IDLE_MS", "console.session_idle_ms"),
+    (
+        "TOOLGATE_CONSOLE_ALLOWED_ORIGINS",
+        "console.allowed_origins",
+    ),
+    (
+        "TOOLGATE_CONSOLE_SESSION_IDLE_MS",
+        "console.session_idle_ms",
+    ),
     ("TOOLGATE_CONSOLE_SESSION_MAX_MS", "console.session_max_ms"),
-    ("TOOLGATE_CONSOLE_CLIENT_LINK_TTL_MS", "console.client_link_ttl_ms"),
+    (
+        "TOOLGATE_CONSOLE_CLIENT_LINK_TTL_MS",
+        "console.client_link_ttl_ms",
+    ),
 ];
 
 /// The longest drain a shutdown may be configured to wait (an hour).
@@ -617,7 +626,7 @@ fn console_settings(raw: RawConsole) -> Result<ConsoleSettings, String> {
             .map_err(|error| format!("console.public_url `{url}` is not a URL: {error}"))?;
         if !matches!(parsed.scheme(), "http" | "https")
             || parsed.host_str().is_none()
-            || parsed.path().trim_end_matches('/') != ""
+            || !parsed.path().trim_end_matches('/').is_empty()
             || parsed.query().is_some()
         {
             return Err(format!(
@@ -642,7 +651,11 @@ fn console_settings(raw: RawConsole) -> Result<ConsoleSettings, String> {
         Some(0) => Err(format!("console.{name} must be at least 1")),
         Some(ms) => Ok(Duration::from_millis(ms)),
     };
-    let session_idle = duration("session_idle_ms", raw.session_idle_ms, defaults.session_idle)?;
+    let session_idle = duration(
+        "session_idle_ms",
+        raw.session_idle_ms,
+        defaults.session_idle,
+    )?;
     let session_max = duration("session_max_ms", raw.session_max_ms, defaults.session_max)?;
     if session_idle > session_max {
         return Err(format!(
@@ -653,7 +666,9 @@ fn console_settings(raw: RawConsole) -> Result<ConsoleSettings, String> {
     }
     Ok(ConsoleSettings {
         enabled: raw.enabled.unwrap_or(false),
-        public_url: raw.public_url.map(|url| url.trim_end_matches('/').to_owned()),
+        public_url: raw
+            .public_url
+            .map(|url| url.trim_end_matches('/').to_owned()),
         allowed_origins: allowed_origins
             .into_iter()
             .map(|origin| origin.trim_end_matches('/').to_owned())
@@ -922,6 +937,94 @@ mod tests {
             both_free.metrics.listen,
             Some("127.0.0.1:0".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn the_console_is_off_unless_enabled_and_its_settings_load_from_file_and_environment() {
+        let off = load("", &[]).unwrap().console;
+        assert_eq!(off, ConsoleSettings::default());
+        assert!(!off.enabled);
+        let file = load(
+            "[console]\nenabled = true\npublic_url = \"https://gate.example.com/\"\nallowed_origins = [\"https://other.example.com\"]\nsession_idle_ms = 1000\nsession_max_ms = 2000\nclient_link_ttl_ms = 3000",
+            &[],
+        )
+        .unwrap()
+        .console;
+        assert!(file.enabled);
+        assert_eq!(file.public_url.as_deref(), Some("https://gate.example.com"));
+        assert_eq!(file.allowed_origins, ["https://other.example.com"]);
+        assert_eq!(file.session_idle, Duration::from_millis(1000));
+        assert_eq!(file.session_max, Duration::from_millis(2000));
+        assert_eq!(file.client_link_ttl, Duration::from_millis(3000));
+        let env = load(
+            "",
+            &[
+                ("TOOLGATE_CONSOLE_ENABLED", "true"),
+                (
+                    "TOOLGATE_CONSOLE_ALLOWED_ORIGINS",
+                    "http://a.test, http://b.test:8080",
+                ),
+                ("TOOLGATE_CONSOLE_SESSION_IDLE_MS", "500"),
+            ],
+        )
+        .unwrap()
+        .console;
+        assert!(env.enabled);
+        assert_eq!(env.allowed_origins, ["http://a.test", "http://b.test:8080"]);
+        assert_eq!(env.session_idle, Duration::from_millis(500));
+        let shown = load("[console]\nenabled = true", &[]).unwrap().effective();
+        assert_eq!(shown["console"]["enabled"].as_bool(), Some(true));
+        assert_eq!(
+            shown["console"]["session_idle_ms"].as_integer(),
+            Some(1_800_000)
+        );
+    }
+
+    #[test]
+    fn bad_console_settings_are_refused_at_load() {
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case<'_>] = &[
+            (
+                "[console]\npublic_url = \"gate.example.com\"",
+                &[],
+                "console.public_url",
+            ),
+            (
+                "[console]\npublic_url = \"https://gate.example.com/app\"",
+                &[],
+                "without a path",
+            ),
+            (
+                "[console]\npublic_url = \"ftp://gate.example.com\"",
+                &[],
+                "http or https",
+            ),
+            (
+                "[console]\nallowed_origins = [\"https://a.test/x\"]",
+                &[],
+                "console.allowed_origins",
+            ),
+            (
+                "[console]\nsession_idle_ms = 0",
+                &[],
+                "console.session_idle_ms must be at least 1",
+            ),
+            (
+                "[console]\nsession_idle_ms = 5000\nsession_max_ms = 1000",
+                &[],
+                "longer than console.session_max_ms",
+            ),
+            (
+                "",
+                &[("TOOLGATE_CONSOLE_ENABLED", "yes")],
+                "must be true or false",
+            ),
+            ("[console]\ncolor = \"blue\"", &[], "color"),
+        ];
+        for (toml_text, pairs, expected) in cases {
+            let error = load(toml_text, pairs).unwrap_err();
+            assert!(error.contains(expected), "{toml_text} {pairs:?}: {error}");
+        }
     }
 
     #[test]

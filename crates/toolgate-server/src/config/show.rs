@@ -134,10 +134,7 @@ impl Config {
         table.insert("allowed_origins".into(), texts(&console.allowed_origins));
         table.insert("session_idle_ms".into(), millis(console.session_idle));
         table.insert("session_max_ms".into(), millis(console.session_max));
-        table.insert(
-            "client_link_ttl_ms".into(),
-            millis(console.client_link_ttl),
-        );
+        table.insert("client_link_ttl_ms".into(), millis(console.client_link_ttl));
         root.insert("console".into(), Value::Table(table));
         root
     }

@@ -90,7 +90,11 @@ impl LinkMinter {
 
 /// The link's record if it is well formed and known.
 async fn find(app: &App, secret: &str) -> Result<Option<ClientLink>, ServiceError> {
-    if secret.len() != 43 || !secret.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+    if secret.len() != 43
+        || !secret
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
         return Ok(None);
     }
     Ok(app
@@ -169,7 +173,12 @@ pub(crate) async fn decide(
     let (decision, reason) = match parse_decision(&fields, false) {
         Ok(decision) => decision,
         Err(why) => {
-            return pages::client_link(&view, Some(pages::Notice::Problem(why.to_owned())), None, now);
+            return pages::client_link(
+                &view,
+                Some(pages::Notice::Problem(why.to_owned())),
+                None,
+                now,
+            );
         }
     };
     let word = match decision {
@@ -226,7 +235,12 @@ pub(crate) async fn decide(
         Err(error) => return service_problem(error),
     };
     match load_view(&app.shared, &link.tenant, &link.invocation_id, false).await {
-        Ok(Some(view)) => pages::client_link(&view, Some(notice), Some("This link has been used."), app.now()),
+        Ok(Some(view)) => pages::client_link(
+            &view,
+            Some(notice),
+            Some("This link has been used."),
+            app.now(),
+        ),
         Ok(None) => pages::link_problem(StatusCode::NOT_FOUND, UNKNOWN),
         Err(error) => service_problem(error),
     }

@@ -73,7 +73,11 @@ type App = Arc<Console>;
 
 /// The console's routes, under `/console`.
 pub(crate) fn router(shared: Shared, settings: ConsoleSettings, tls: bool) -> Router {
-    let secure = tls || settings.public_url.as_deref().is_some_and(|url| url.starts_with("https://"));
+    let secure = tls
+        || settings
+            .public_url
+            .as_deref()
+            .is_some_and(|url| url.starts_with("https://"));
     let app: App = Arc::new(Console {
         shared,
         settings,
@@ -88,7 +92,10 @@ pub(crate) fn router(shared: Shared, settings: ConsoleSettings, tls: bool) -> Ro
         .route("/console/queue", get(queue))
         .route("/console/queue/rows", get(queue_rows))
         .route("/console/invocations/{id}", get(invocation).post(decide))
-        .route("/console/link/{secret}", get(links::show).post(links::decide))
+        .route(
+            "/console/link/{secret}",
+            get(links::show).post(links::decide),
+        )
         .route("/console/assets/htmx.js", get(htmx))
         .route("/console/assets/console.css", get(css))
         .fallback(not_found)
@@ -262,10 +269,10 @@ impl Console {
 
     /// Whether the POST comes from the console's own origin.
     fn same_origin(&self, headers: &HeaderMap) -> Result<(), &'static str> {
-        if let Some(site) = headers.get("sec-fetch-site") {
-            if site.as_bytes() != b"same-origin" {
-                return Err("The form was sent from another site.");
-            }
+        if let Some(site) = headers.get("sec-fetch-site")
+            && site.as_bytes() != b"same-origin"
+        {
+            return Err("The form was sent from another site.");
         }
         // Under `Referrer-Policy: no-referrer` browsers send `Origin: null` with form POSTs:
         // then `Sec-Fetch-Site` (which no page script can set) must vouch for the request.
@@ -274,7 +281,9 @@ impl Console {
             .filter(|origin| origin.as_bytes() != b"null");
         match origin {
             Some(origin) => {
-                let origin = origin.to_str().map_err(|_| "The request's origin is not text.")?;
+                let origin = origin
+                    .to_str()
+                    .map_err(|_| "The request's origin is not text.")?;
                 if self.origin_allowed(origin, headers) {
                     Ok(())
                 } else {
@@ -282,7 +291,9 @@ impl Console {
                 }
             }
             None if headers.contains_key("sec-fetch-site") => Ok(()),
-            None => Err("The request names no origin; forms are only taken from the console's own pages."),
+            None => Err(
+                "The request names no origin; forms are only taken from the console's own pages.",
+            ),
         }
     }
 
@@ -365,16 +376,29 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 }
 
 /// A parsed form body; a body that is too large or not a form is refused with a page.
-pub(crate) fn form(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<HashMap<String, String>, Response> {
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the handler's answer, returned at once"
+)]
+pub(crate) fn form(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<HashMap<String, String>, Response> {
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             pages::problem(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "Form too large",
-                &format!("Forms are at most {} KiB; nothing was changed.", MAX_FORM_BYTES / 1024),
+                &format!(
+                    "Forms are at most {} KiB; nothing was changed.",
+                    MAX_FORM_BYTES / 1024
+                ),
             )
         } else {
-            pages::problem(StatusCode::BAD_REQUEST, "Unreadable form", "The form could not be read; nothing was changed.")
+            pages::problem(
+                StatusCode::BAD_REQUEST,
+                "Unreadable form",
+                "The form could not be read; nothing was changed.",
+            )
         }
     })?;
     if std::str::from_utf8(&body).is_err() {
@@ -386,7 +410,10 @@ pub(crate) fn form(body: Result<Bytes, axum::extract::rejection::BytesRejection>
     }
     let mut fields = HashMap::new();
     for (key, value) in url::form_urlencoded::parse(&body) {
-        if fields.insert(key.into_owned(), value.into_owned()).is_some() {
+        if fields
+            .insert(key.into_owned(), value.into_owned())
+            .is_some()
+        {
             return Err(pages::problem(
                 StatusCode::BAD_REQUEST,
                 "Malformed form",
@@ -400,7 +427,10 @@ pub(crate) fn form(body: Result<Bytes, axum::extract::rejection::BytesRejection>
 fn redirect(to: &str) -> Response {
     (
         StatusCode::SEE_OTHER,
-        [(header::LOCATION, HeaderValue::from_str(to).expect("redirect target is ASCII"))],
+        [(
+            header::LOCATION,
+            HeaderValue::from_str(to).expect("redirect target is ASCII"),
+        )],
     )
         .into_response()
 }
@@ -436,10 +466,18 @@ pub(crate) fn service_problem(error: impl Into<ServiceError>) -> Response {
 }
 
 /// Checks the POST's origin and the session's CSRF token; the page to answer otherwise.
-fn check_post(app: &Console, headers: &HeaderMap, signed: &Signed, fields: &HashMap<String, String>) -> Result<(), Response> {
-    app.same_origin(headers).map_err(|why| {
-        pages::problem(StatusCode::FORBIDDEN, "Refused: cross-origin form", why)
-    })?;
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the handler's answer, returned at once"
+)]
+fn check_post(
+    app: &Console,
+    headers: &HeaderMap,
+    signed: &Signed,
+    fields: &HashMap<String, String>,
+) -> Result<(), Response> {
+    app.same_origin(headers)
+        .map_err(|why| pages::problem(StatusCode::FORBIDDEN, "Refused: cross-origin form", why))?;
     let sent = fields.get("csrf").map(String::as_str).unwrap_or_default();
     if !same_secret(sent, &signed.csrf) {
         return Err(pages::problem(
@@ -474,7 +512,9 @@ async fn sign_in(
     if let Err(why) = app.same_origin(&headers) {
         return pages::problem(StatusCode::FORBIDDEN, "Refused: cross-origin form", why);
     }
-    let client = connection.and_then(|info| info.0.remote_addr()).map(|a| a.ip());
+    let client = connection
+        .and_then(|info| info.0.remote_addr())
+        .map(|a| a.ip());
     if !app.allow_attempt(client) {
         return pages::sign_in(
             Some("Too many sign-in attempts from this address; wait a minute and try again."),
@@ -503,7 +543,9 @@ async fn sign_in(
     };
     if record.role != Role::Approver {
         return pages::sign_in(
-            Some("Only approver tokens open a console session (the admin pages are not part of this console)."),
+            Some(
+                "Only approver tokens open a console session (the admin pages are not part of this console).",
+            ),
             StatusCode::FORBIDDEN,
         );
     }
@@ -759,9 +801,7 @@ pub(crate) async fn load_view(
         .unwrap_or_default();
     let arguments = call
         .as_ref()
-        .map(|call| {
-            serde_json::to_string_pretty(&call.input_redacted).unwrap_or_default()
-        })
+        .map(|call| serde_json::to_string_pretty(&call.input_redacted).unwrap_or_default())
         .unwrap_or_default();
     let mut earlier = Vec::new();
     if with_run {
@@ -837,8 +877,14 @@ async fn invocation(
 }
 
 /// A decision a form asks for.
-pub(crate) fn parse_decision(fields: &HashMap<String, String>, allow_continue: bool) -> Result<(ResumeDecision, String), &'static str> {
-    let reason = fields.get("reason").map(|r| r.trim().to_owned()).unwrap_or_default();
+pub(crate) fn parse_decision(
+    fields: &HashMap<String, String>,
+    allow_continue: bool,
+) -> Result<(ResumeDecision, String), &'static str> {
+    let reason = fields
+        .get("reason")
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_default();
     let decision = match fields.get("decision").map(String::as_str) {
         Some("approve") => ResumeDecision::Approve,
         Some("reject") => {
@@ -927,7 +973,9 @@ async fn decide(
         Err(error) => return service_problem(error),
     };
     match load_view(&app.shared, &tenant, &id, true).await {
-        Ok(Some(view)) => pages::invocation(&signed.caller, &signed.csrf, &view, Some(notice), app.now()),
+        Ok(Some(view)) => {
+            pages::invocation(&signed.caller, &signed.csrf, &view, Some(notice), app.now())
+        }
         Ok(None) => not_found().await,
         Err(error) => service_problem(error),
     }
@@ -958,7 +1006,10 @@ async fn already_decided(app: &Console, signed: &Signed, tenant: &TenantId, id: 
 pub(crate) fn describe(outcome: &ResumeOutcome) -> String {
     match outcome {
         ResumeOutcome::Executed(outcome) => match &outcome.error {
-            None => format!("Approved: the call ran and ended {}.", outcome.status.as_str()),
+            None => format!(
+                "Approved: the call ran and ended {}.",
+                outcome.status.as_str()
+            ),
             Some(error) => format!(
                 "Approved: the call ran and ended {} ({}: {}).",
                 outcome.status.as_str(),

@@ -22,7 +22,12 @@ pub(crate) enum Notice {
     Problem(String),
 }
 
-fn page(status: StatusCode, title: &str, caller: Option<(&Caller, &str)>, body: Markup) -> Response {
+fn page(
+    status: StatusCode,
+    title: &str,
+    caller: Option<(&Caller, &str)>,
+    body: Markup,
+) -> Response {
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
@@ -280,7 +285,12 @@ pub(crate) fn invocation(
 }
 
 /// The page a client approval link opens: this one call, Approve and Reject, nothing else.
-pub(crate) fn client_link(view: &InvocationView, notice: Option<Notice>, usable: Option<&str>, now: Timestamp) -> Response {
+pub(crate) fn client_link(
+    view: &InvocationView,
+    notice: Option<Notice>,
+    usable: Option<&str>,
+    now: Timestamp,
+) -> Response {
     let row = &view.row;
     page(
         StatusCode::OK,
