@@ -57,7 +57,8 @@ class Gateway:
             self.process.kill()
             raise RuntimeError("the gateway did not start within 20 s (see its stderr above)")
         token_file = pathlib.Path(self.dir.name) / "toolgate-admin.token"
-        self.admin_token = token_file.read_text().strip()
+        # A replica joining a ledger that has an admin already writes no token file.
+        self.admin_token = token_file.read_text().strip() if token_file.exists() else None
         if credentials is None:
             self.channel = grpc.insecure_channel(self.address)
         else:

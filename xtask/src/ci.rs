@@ -5,7 +5,8 @@
 //! console's browser test (apt-get, when missing), so a fresh clone
 //! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
-//! either it fails.
+//! either it fails. The proto contract check (`contract.rs`) installs buf with npm under
+//! `target/buf`, so it needs Node.js with npm, and a clone with the previous commit.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 
+use crate::contract;
 use crate::pg;
 
 /// Runs every check. `--no-lint` skips fmt and clippy (for quick local runs).
@@ -20,6 +22,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let lint = !args.iter().any(|a| a == "--no-lint");
     let root = workspace_root()?;
     let mut totals = Totals::default();
+
+    step("proto contract (buf lint, buf breaking against HEAD~1)");
+    contract::check(&root, contract::DEFAULT_AGAINST)?;
 
     if lint {
         step("cargo fmt --check");
@@ -73,6 +78,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let venv = python_env(&root)?;
     let moto_server = venv.join("bin/moto_server");
 
+    step("headless Chromium for the console's browser test");
+    ensure_chromium()?;
+
     step("PostgreSQL for the tests");
     let postgres = pg::provide(&root)?;
     let postgres_summary = format!(
@@ -83,15 +91,16 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
 
     step("cargo test (all features)");
     let tested = cargo_test(&root, postgres.url_for_tests(), &moto_server, &venv);
+    let tested = tested.and_then(|rust| {
+        step("python contract tests (grpcio and MCP clients)");
+        let python = python_tests(&root, &venv, postgres.url_for_tests())?;
+        Ok((rust, python))
+    });
     // Stops a server CI started, before anything else can fail.
     drop(postgres);
-    totals.add(tested?);
-
-    step("headless Chromium for the console's browser test");
-    ensure_chromium()?;
-
-    step("python contract tests (grpcio client)");
-    totals.add(python_tests(&root, &venv)?);
+    let (rust, python) = tested?;
+    totals.add(rust);
+    totals.add(python);
 
     println!();
     println!("{postgres_summary}");
@@ -259,7 +268,7 @@ fn python_env(root: &Path) -> anyhow::Result<PathBuf> {
 
 /// Generates stubs from `proto/` and runs the Python contract tests against the testkit
 /// gateway binary, in the environment [`python_env`] made.
-fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
+fn python_tests(root: &Path, venv: &Path, pg_url: Option<&str>) -> anyhow::Result<Totals> {
     let py_dir = root.join("target/py");
     let venv_python = venv.join("bin/python");
     let stubs = py_dir.join("stubs");
@@ -274,7 +283,8 @@ fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
             .current_dir(root),
     )?;
     let binary = root.join("target/debug/toolgate");
-    let output = Command::new(&venv_python)
+    let mut pytest = Command::new(&venv_python);
+    pytest
         .args([
             "-m",
             "pytest",
@@ -284,10 +294,13 @@ fn python_tests(root: &Path, venv: &Path) -> anyhow::Result<Totals> {
             "tests/python",
         ])
         .env("PYTHONPATH", &stubs)
-        .env("TOOLGATE_BIN", &binary)
-        // The gateways pytest starts inherit this environment and refuse unknown TOOLGATE_*
-        // variables; this one is the Rust tests'.
-        .env_remove(pg::URL_ENV)
+        .env("TOOLGATE_BIN", &binary);
+    // The replica tests' PostgreSQL (the gateways they start tolerate the variable).
+    match pg_url {
+        Some(url) => pytest.env(pg::URL_ENV, url),
+        None => pytest.env_remove(pg::URL_ENV),
+    };
+    let output = pytest
         .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()

@@ -1,7 +1,9 @@
 //! Project automation, run as `cargo xtask <command>`:
-//! - `ci`: everything CI checks, in order (format, lints, the Rust suites, the Python contract
+//! - `ci`: everything CI checks, in order (format, lints, the proto contract, the Rust suites, the Python contract
 //!   tests); the one command that says whether main is green. It finds or starts the
 //!   PostgreSQL the end-to-end tests need (`pg.rs`) and fails without one.
+//! - `contract`: buf lint and breaking-change check of the gRPC contract in `proto/` (see
+//!   `contract.rs`); also a step of `ci`.
 //! - `bench`: the gateway's overhead benchmark (see `bench.rs`).
 //! - `fuzz`: the cargo-fuzz targets, each for a bounded time (see `fuzz.rs`).
 
@@ -9,6 +11,7 @@
 
 mod bench;
 mod ci;
+mod contract;
 mod fuzz;
 mod pg;
 
@@ -18,11 +21,12 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci::run(&args[1..]),
+        Some("contract") => contract::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|bench|fuzz> [options]\n  ci      format, lints, every test suite (Rust and Python)\n  bench   gateway overhead benchmark; writes target/bench/results.json\n  fuzz    runs each fuzz target for a bounded time (--seconds N, default 60)"
+                "usage: cargo xtask <ci|contract|bench|fuzz> [options]\n  ci        format, lints, the proto contract check, every test suite (Rust and Python)\n  contract  buf lint and breaking-change check of proto/ (--against REV, default HEAD~1)\n  bench     gateway overhead benchmark; writes target/bench/results.json\n  fuzz      runs each fuzz target for a bounded time (--seconds N, default 60)"
             );
             return ExitCode::from(2);
         }

@@ -50,6 +50,43 @@ pub struct Config {
     pub metrics: MetricsSettings,
     /// The approval console (`[console]`).
     pub console: ConsoleSettings,
+    /// The MCP endpoint (`[mcp]`).
+    pub mcp: McpSettings,
+}
+
+/// `[mcp]`: the Model Context Protocol endpoint at `/mcp` on the gRPC port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpSettings {
+    /// Whether `/mcp` is served (default: yes).
+    pub enabled: bool,
+    /// The `Host` values accepted: the loopback names, and the names configured in
+    /// `mcp.allowed_hosts` (the DNS-rebinding guard; a public deployment lists its hostnames).
+    pub allowed_hosts: Vec<String>,
+    /// The browser origins accepted (`scheme://host[:port]`); a request with any other
+    /// `Origin` is refused. Empty (the default): every request carrying an `Origin` is.
+    pub allowed_origins: Vec<String>,
+}
+
+/// The `Host` names `/mcp` always accepts.
+const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+impl Default for McpSettings {
+    fn default() -> McpSettings {
+        McpSettings {
+            enabled: true,
+            allowed_hosts: LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()).collect(),
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
+impl McpSettings {
+    /// The hosts configured beyond the loopback names.
+    pub fn configured_hosts(&self) -> impl Iterator<Item = &String> {
+        self.allowed_hosts
+            .iter()
+            .filter(|host| !LOOPBACK_HOSTS.contains(&host.as_str()))
+    }
 }
 
 /// `[console]`: the approval console, served under `/console` on the gRPC port. Off unless
@@ -161,6 +198,7 @@ struct RawConfig {
     metrics: RawMetrics,
     #[serde(default)]
     console: RawConsole,
+    mcp: RawMcp,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -172,6 +210,14 @@ struct RawConsole {
     session_idle_ms: Option<u64>,
     session_max_ms: Option<u64>,
     client_link_ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMcp {
+    enabled: Option<bool>,
+    allowed_hosts: Option<Vec<String>>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -304,6 +350,9 @@ const ENV_KEYS: &[(&str, &str)] = &[
         "TOOLGATE_CONSOLE_CLIENT_LINK_TTL_MS",
         "console.client_link_ttl_ms",
     ),
+    ("TOOLGATE_MCP_ENABLED", "mcp.enabled"),
+    ("TOOLGATE_MCP_ALLOWED_HOSTS", "mcp.allowed_hosts"),
+    ("TOOLGATE_MCP_ALLOWED_ORIGINS", "mcp.allowed_origins"),
 ];
 
 /// The longest drain a shutdown may be configured to wait (an hour).
@@ -431,6 +480,19 @@ impl Config {
                 "console.client_link_ttl_ms" => {
                     raw.console.client_link_ttl_ms = Some(number(value)?);
                 }
+                "mcp.enabled" => {
+                    raw.mcp.enabled = Some(match value.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        other => {
+                            return Err(format!(
+                                "{name} (config key {key}) must be true or false, got `{other}`"
+                            ));
+                        }
+                    });
+                }
+                "mcp.allowed_hosts" => raw.mcp.allowed_hosts = Some(comma_list(value)),
+                "mcp.allowed_origins" => raw.mcp.allowed_origins = Some(comma_list(value)),
                 "engine.max_timeout_ms" => raw.engine.max_timeout_ms = Some(number(value)?),
                 "engine.answer_retention_ms" => {
                     raw.engine.answer_retention_ms = Some(number(value)?);
@@ -582,6 +644,7 @@ impl Config {
                 .transpose()?,
         };
         let console = console_settings(raw.console)?;
+        let mcp = mcp_settings(raw.mcp)?;
         let aws = AwsSettings {
             endpoint_url: raw.connectors.aws.endpoint_url,
             default_region: raw.connectors.aws.default_region,
@@ -613,6 +676,7 @@ impl Config {
             aws,
             metrics,
             console,
+            mcp,
         })
     }
 }
@@ -681,6 +745,59 @@ fn console_settings(raw: RawConsole) -> Result<ConsoleSettings, String> {
             defaults.client_link_ttl,
         )?,
     })
+}
+
+/// A comma-separated list from the environment, blanks dropped.
+fn comma_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `[mcp]`, checked: hosts are names or `name:port` (no scheme, no path), origins are
+/// `http(s)://host[:port]` (or `null`, what a browser sends from a sandboxed page).
+fn mcp_settings(raw: RawMcp) -> Result<McpSettings, String> {
+    let mut settings = McpSettings {
+        enabled: raw.enabled.unwrap_or(true),
+        ..McpSettings::default()
+    };
+    for host in raw.allowed_hosts.unwrap_or_default() {
+        let host = host.trim().to_owned();
+        let bad = host.is_empty()
+            || host.contains("://")
+            || host.contains('/')
+            || host.chars().any(|c| c.is_whitespace() || c.is_control());
+        if bad {
+            return Err(format!(
+                "mcp.allowed_hosts must list host names or host:port values such as \"toolgate.example.com\", got `{host}`"
+            ));
+        }
+        if !settings.allowed_hosts.contains(&host) {
+            settings.allowed_hosts.push(host);
+        }
+    }
+    for origin in raw.allowed_origins.unwrap_or_default() {
+        let origin = origin.trim().trim_end_matches('/').to_owned();
+        let rest = origin
+            .strip_prefix("https://")
+            .or_else(|| origin.strip_prefix("http://"));
+        let shaped = origin == "null"
+            || rest.is_some_and(|rest| {
+                !rest.is_empty()
+                    && !rest.contains('/')
+                    && !rest.chars().any(|c| c.is_whitespace() || c.is_control())
+            });
+        if !shaped {
+            return Err(format!(
+                "mcp.allowed_origins must list origins such as \"https://app.example.com\" (scheme, host and optional port, no path), got `{origin}`"
+            ));
+        }
+        settings.allowed_origins.push(origin);
+    }
+    Ok(settings)
 }
 
 /// `server.max_concurrent_calls` (at least 1) and `server.max_queued_calls` (0: no queue).

@@ -12,6 +12,7 @@ pub mod convert;
 mod drain;
 pub mod files;
 pub mod keys;
+mod mcp;
 pub mod metrics;
 mod overload;
 mod server;

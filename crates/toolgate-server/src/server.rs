@@ -30,6 +30,7 @@ use crate::console::links::LinkMinter;
 use crate::drain::{Drain, Draining};
 use crate::files::{refuse_shared_file, write_private_file};
 use crate::keys;
+use crate::mcp;
 use crate::metrics::{Endpoint, Metrics, Scrape};
 use crate::overload::{Admission, Overload};
 use crate::services::{AdminApi, AgentApi, ApprovalApi, Shared};
@@ -283,25 +284,23 @@ async fn run(
     };
     info!(address = %local, database = %config.database, tls, max_concurrent_calls = config.limits.max_concurrent, max_queued_calls = config.limits.max_queued, startup_ms = started.elapsed().as_millis(), "toolgate listening");
     announce(&format!("toolgate listening on {local}"));
+    if config.mcp.enabled {
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        info!(url = %format!("{scheme}://{local}{}", mcp::MCP_PATH), "MCP served");
+    }
 
     // Requests as large as the largest argument the engine accepts must reach it (and be
     // refused there, naming the limit), and answers carry up to two copies of one.
     let limits = MessageLimits::for_arguments(config.engine.max_argument_bytes);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let admission = Admission::new(config.limits);
-    // The console's pages share the port (HTTP/1.1 for browsers); without it, gRPC only.
-    let console_routes = console.then(|| {
-        tonic::service::Routes::from(crate::console::router(
-            shared.clone(),
-            config.console.clone(),
-            config.tls.is_some(),
-        ))
-    });
-    let router = tonic::transport::Server::builder()
-        .accept_http1(console)
-        .layer(TraceLayer)
-        .add_routes(console_routes.unwrap_or_default())
-        .add_service(health_service)
+    // gRPC and, beside it on the same port, HTTP routes (MCP): tonic's routes are an axum
+    // router, and HTTP/1.1 is accepted for the HTTP clients.
+    let grpc = tonic::service::Routes::new(health_service)
         .add_service(reflection)
         .add_service(Overload::new(
             Draining::new(
@@ -326,12 +325,33 @@ async fn run(
         ))
         .add_service(Draining::new(
             AuthLayer::new(&auth, Role::Admin).layer(
-                AdminServiceServer::new(AdminApi(shared))
+                AdminServiceServer::new(AdminApi(shared.clone()))
                     .max_decoding_message_size(limits.decoding)
                     .max_encoding_message_size(limits.encoding),
             ),
             &drain,
         ));
+    let mut app = grpc.into_axum_router();
+    if config.console.enabled {
+        app = app.merge(crate::console::router(
+            shared.clone(),
+            config.console.clone(),
+            config.tls.is_some(),
+        ));
+    }
+    if config.mcp.enabled {
+        app = app.merge(mcp::router(
+            shared,
+            Arc::clone(&admission),
+            &config.mcp,
+            limits.decoding,
+            config.engine.max_calls_limit,
+        ));
+    }
+    let router = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .layer(TraceLayer)
+        .add_routes(tonic::service::Routes::from(app).prepare());
     let stopped = async {
         let _ = stopped.await;
     };

@@ -102,8 +102,8 @@ impl ServerTls {
                 ),
             }
         })?;
-        // gRPC is HTTP/2 only.
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        // gRPC is HTTP/2 only; MCP clients may speak HTTP/1.1 on the same port.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(ServerTls {
             paths,
             config: Arc::new(config),
@@ -422,7 +422,10 @@ pub(crate) mod tests {
         }
         let tls = ServerTls::load(paths(dir.path(), "cert.pem", "key.pem", None)).unwrap();
         assert!(!tls.requires_client_certificates());
-        assert_eq!(tls.config.alpn_protocols, vec![b"h2".to_vec()]);
+        assert_eq!(
+            tls.config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
         let mtls =
             ServerTls::load(paths(dir.path(), "cert.pem", "key.pem", Some("ca.pem"))).unwrap();
         assert!(mtls.requires_client_certificates());

@@ -119,6 +119,12 @@ impl Config {
         connectors.insert("aws".into(), Value::Table(aws));
         root.insert("connectors".into(), Value::Table(connectors));
 
+        let mut mcp = Table::new();
+        mcp.insert("enabled".into(), Value::Boolean(self.mcp.enabled));
+        mcp.insert("allowed_hosts".into(), texts(&self.mcp.allowed_hosts));
+        mcp.insert("allowed_origins".into(), texts(&self.mcp.allowed_origins));
+        root.insert("mcp".into(), Value::Table(mcp));
+
         let mut secrets = Table::new();
         secrets.insert("key_file".into(), path(&self.key_file));
         if self.master_keys.is_some() {
@@ -145,6 +151,15 @@ impl Config {
         if self.tls.is_none() && !self.listen.ip().is_loopback() {
             warnings.push(format!(
                 "server.listen is {} (not loopback) without [server.tls]: bearer tokens, arguments and results travel in clear text on the network; configure server.tls.cert_file and server.tls.key_file",
+                self.listen
+            ));
+        }
+        if self.mcp.enabled
+            && !self.listen.ip().is_loopback()
+            && self.mcp.configured_hosts().next().is_none()
+        {
+            warnings.push(format!(
+                "server.listen is {} (not loopback) but mcp.allowed_hosts lists no host name: /mcp answers only requests addressed to localhost, 127.0.0.1 or ::1; list the names MCP clients use (e.g. mcp.allowed_hosts = [\"toolgate.example.com\"]) or set mcp.enabled = false",
                 self.listen
             ));
         }

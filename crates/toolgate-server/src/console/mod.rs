@@ -98,7 +98,9 @@ pub(crate) fn router(shared: Shared, settings: ConsoleSettings, tls: bool) -> Ro
         )
         .route("/console/assets/htmx.js", get(htmx))
         .route("/console/assets/console.css", get(css))
-        .fallback(not_found)
+        // Not a fallback: the router is merged into the gRPC routes, whose fallback answers
+        // everything else.
+        .route("/console/{*rest}", get(not_found).post(not_found))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(middleware::from_fn(security_headers))
         .with_state(app)
