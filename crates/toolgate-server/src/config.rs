@@ -198,6 +198,7 @@ struct RawConfig {
     metrics: RawMetrics,
     #[serde(default)]
     console: RawConsole,
+    #[serde(default)]
     mcp: RawMcp,
 }
 
@@ -1481,12 +1482,108 @@ mod tests {
                 .warnings()
                 .is_empty()
         );
-        let warnings = load("[server]\nlisten = \"0.0.0.0:50051\"", &[])
-            .unwrap()
-            .warnings();
+        let warnings = load(
+            "[server]\nlisten = \"0.0.0.0:50051\"\n[mcp]\nallowed_hosts = [\"toolgate.example.com\"]",
+            &[],
+        )
+        .unwrap()
+        .warnings();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("clear text"), "{warnings:?}");
         assert!(warnings[0].contains("server.tls"), "{warnings:?}");
+    }
+
+    #[test]
+    fn mcp_settings_are_read_checked_and_warned_about() {
+        let defaults = load("", &[]).unwrap().mcp;
+        assert!(defaults.enabled);
+        assert_eq!(defaults.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
+        assert!(defaults.allowed_origins.is_empty());
+
+        let configured = load(
+            "[mcp]\nallowed_hosts = [\"toolgate.example.com\", \"localhost\"]\nallowed_origins = [\"https://app.example.com/\"]",
+            &[],
+        )
+        .unwrap()
+        .mcp;
+        assert_eq!(
+            configured.allowed_hosts,
+            ["localhost", "127.0.0.1", "::1", "toolgate.example.com"]
+        );
+        assert_eq!(configured.allowed_origins, ["https://app.example.com"]);
+
+        let from_env = load(
+            "",
+            &[
+                ("TOOLGATE_MCP_ENABLED", "false"),
+                ("TOOLGATE_MCP_ALLOWED_HOSTS", "a.example, b.example:8443"),
+                ("TOOLGATE_MCP_ALLOWED_ORIGINS", "http://localhost:3000"),
+            ],
+        )
+        .unwrap()
+        .mcp;
+        assert!(!from_env.enabled);
+        assert!(from_env.allowed_hosts.iter().any(|h| h == "b.example:8443"));
+        assert_eq!(from_env.allowed_origins, ["http://localhost:3000"]);
+
+        for (text, env, named) in [
+            (
+                "[mcp]\nallowed_hosts = [\"https://x.example\"]",
+                &[][..],
+                "mcp.allowed_hosts",
+            ),
+            (
+                "[mcp]\nallowed_hosts = [\"x.example/mcp\"]",
+                &[][..],
+                "mcp.allowed_hosts",
+            ),
+            (
+                "[mcp]\nallowed_origins = [\"app.example.com\"]",
+                &[][..],
+                "mcp.allowed_origins",
+            ),
+            (
+                "[mcp]\nallowed_origins = [\"https://a.example/path\"]",
+                &[][..],
+                "mcp.allowed_origins",
+            ),
+            (
+                "",
+                &[("TOOLGATE_MCP_ENABLED", "yes")][..],
+                "TOOLGATE_MCP_ENABLED",
+            ),
+            ("[mcp]\nenable = true", &[][..], "enable"),
+        ] {
+            let error = load(text, env).unwrap_err();
+            assert!(error.contains(named), "{text} {env:?}: {error}");
+        }
+
+        // Serving on every address: without a host name, /mcp would refuse every remote
+        // client, so the operator is told; with TLS, only that.
+        let warnings = load("[server]\nlisten = \"0.0.0.0:50051\"", &[])
+            .unwrap()
+            .warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[1].contains("mcp.allowed_hosts"), "{warnings:?}");
+        let off = load(
+            "[server]\nlisten = \"0.0.0.0:50051\"\n[mcp]\nenabled = false",
+            &[],
+        )
+        .unwrap()
+        .warnings();
+        assert_eq!(off.len(), 1, "{off:?}");
+
+        let shown = load("[mcp]\nallowed_hosts = [\"toolgate.example.com\"]", &[])
+            .unwrap()
+            .effective();
+        assert_eq!(shown["mcp"]["enabled"].as_bool(), Some(true));
+        assert!(
+            shown["mcp"]["allowed_hosts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h.as_str() == Some("toolgate.example.com"))
+        );
     }
 
     #[test]

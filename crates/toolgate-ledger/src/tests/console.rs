@@ -38,7 +38,8 @@ on_both_backends! {
         // Never past the absolute expiry, however active.
         let busy = session("s2", t0, 2_000);
         store.create_console_session(busy.clone()).await.unwrap();
-        assert!(store.touch_console_session(&busy.id_hash, Timestamp(t0 + 1_500), 1_000).await.unwrap());
+        assert!(store.touch_console_session(&busy.id_hash, Timestamp(t0 + 900), 1_000).await.unwrap());
+        assert!(store.touch_console_session(&busy.id_hash, Timestamp(t0 + 1_800), 1_000).await.unwrap());
         assert!(!store.touch_console_session(&busy.id_hash, Timestamp(t0 + 2_000), 1_000).await.unwrap());
 
         // Sign-out removes it once.
