@@ -366,3 +366,32 @@ def test_a_waiting_call_is_a_task_for_clients_of_the_tasks_extension(gateway, bo
     assert done["status"] == "completed", done
     assert done["result"]["isError"] is False
     assert done["result"]["_meta"]["toolgate/status"] == "succeeded"
+
+
+CLIENT_APPROVAL_POLICY = """
+@id("base") permit(principal, action, resource);
+@id("customer") @decision("require_client_approval")
+permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
+    when { context.args.amount > 1000 };
+"""
+
+
+def test_a_call_the_end_user_decides_carries_its_client_approval_link(gateway, bound_token):
+    gateway.admin.PutPolicy(
+        pb.PutPolicyRequest(tenant_id="acme", text=CLIENT_APPROVAL_POLICY), metadata=bearer(gateway.admin_token)
+    )
+
+    async def call(client):
+        return await client.call_tool("testkit__transfer", {"amount": 5000, "region": "us-east-1", "account": "a"})
+
+    waiting = run_session(gateway, bound_token, "legacy", call)
+    details = waiting.structured_content
+    assert details["status"] == "waiting_approval"
+    assert details["decision"] == "require_client_approval"
+    url = details["client_approval_url"]
+    assert "/console/link/" in url
+    assert any(url in block.text for block in waiting.content)
+    # The link opens that one call's page.
+    page = httpx2.get(url if url.startswith("http") else f"http://{gateway.address}{url}")
+    assert page.status_code == 200, page.text
+    assert "testkit.transfer" in page.text

@@ -66,6 +66,9 @@ const OWNERS: &[(&str, &[&str])] = &[
     ),
     ("tracing-subscriber", &["toolgate-server"]),
     ("prometheus-client", &["toolgate-server"]),
+    // The approval console: its routes and its templates.
+    ("axum", &["toolgate-server"]),
+    ("maud", &["toolgate-server"]),
 ];
 
 /// Libraries that do I/O or run async tasks: core and policy depend on none of them, not even

@@ -2,7 +2,8 @@
 //! reported (cheap checks first). It installs what it needs (the Python environment: the
 //! contract tests' grpcio client, the AWS emulator moto and the Prometheus parser the metrics
 //! test reads with, hatchling for the client package's wheel, and a fresh venv the wheel is
-//! tested in) under `target/`, so a fresh clone
+//! tested in) under `target/`, and the Debian packages of headless Chromium for the
+//! console's browser test (apt-get, when missing), so a fresh clone
 //! needs nothing but Rust and Python 3, and
 //! PostgreSQL: a reachable server, or the server binaries to start one (see `pg.rs`); without
 //! either it fails. The proto contract check (`contract.rs`) installs buf with npm under
@@ -77,6 +78,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     step("Python environment (grpcio client, moto, prometheus_client)");
     let venv = python_env(&root)?;
     let moto_server = venv.join("bin/moto_server");
+
+    step("headless Chromium for the console's browser test");
+    ensure_chromium()?;
 
     step("PostgreSQL for the tests");
     let postgres = pg::provide(&root)?;
@@ -426,6 +430,38 @@ fn run_pytest(command: &mut Command) -> anyhow::Result<Totals> {
         bail!("pytest ran no test");
     }
     Ok(totals)
+}
+
+/// The Debian packages the console's browser test drives (`tests/python/test_console.py`),
+/// and the paths it finds them at.
+const CHROMIUM_PACKAGES: &[&str] = &["chromium", "chromium-driver"];
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// Installs Chromium and its WebDriver with apt-get when either is missing (CI runs as root on
+/// Debian); fails naming the packages when that is not possible.
+fn ensure_chromium() -> anyhow::Result<()> {
+    let present = || Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
+    if present() {
+        return Ok(());
+    }
+    let packages = CHROMIUM_PACKAGES.join(" ");
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend_from_slice(CHROMIUM_PACKAGES);
+    // The package lists may be missing on a fresh machine: update once and try again.
+    if !(apt(&install) || (apt(&["update"]) && apt(&install))) || !present() {
+        bail!(
+            "the console's browser test needs the Debian packages {packages} ({CHROMIUM}, {CHROMEDRIVER}) and apt-get could not install them; install them (as root: `apt-get install {packages}`) and run again"
+        );
+    }
+    Ok(())
 }
 
 fn which_python() -> anyhow::Result<PathBuf> {

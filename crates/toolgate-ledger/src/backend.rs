@@ -14,6 +14,10 @@ use toolgate_core::{
 };
 
 use crate::checkpoint::Checkpoint;
+use crate::console::{
+    ClientLink, ConsoleOp, ConsoleSession, PendingDetails, details_from_row, link_from_row,
+    session_from_row,
+};
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
@@ -117,6 +121,117 @@ fn tenant_column(tenant: String) -> Result<TenantId, LedgerError> {
 
 #[async_trait::async_trait]
 impl<B: Backend> Store for B {
+    async fn create_console_session(&self, session: ConsoleSession) -> Result<(), LedgerError> {
+        self.submit(OpKind::Console(ConsoleOp::CreateSession(session)))
+            .await?
+            .done()
+    }
+
+    async fn get_console_session(
+        &self,
+        id_hash: &str,
+    ) -> Result<Option<ConsoleSession>, LedgerError> {
+        query(
+            "SELECT id_hash, token_hash, csrf, created_at, last_seen_at, expires_at \
+             FROM console_sessions WHERE id_hash = $1",
+        )
+        .bind(id_hash)
+        .optional(self.reader(), session_from_row)
+        .await
+    }
+
+    async fn touch_console_session(
+        &self,
+        id_hash: &str,
+        at: Timestamp,
+        idle_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        self.submit(OpKind::Console(ConsoleOp::TouchSession {
+            id_hash: id_hash.to_owned(),
+            at,
+            idle_ms,
+        }))
+        .await?
+        .finished()
+    }
+
+    async fn delete_console_session(&self, id_hash: &str) -> Result<bool, LedgerError> {
+        self.submit(OpKind::Console(ConsoleOp::DeleteSession(
+            id_hash.to_owned(),
+        )))
+        .await?
+        .finished()
+    }
+
+    async fn purge_console_sessions(
+        &self,
+        now: Timestamp,
+        idle_before: Timestamp,
+    ) -> Result<u64, LedgerError> {
+        self.submit(OpKind::Console(ConsoleOp::PurgeSessions {
+            now,
+            idle_before,
+        }))
+        .await?
+        .count()
+    }
+
+    async fn create_client_link(
+        &self,
+        link: ClientLink,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<(), LedgerError> {
+        let events = events.into_iter().map(PreparedEvent::new).collect();
+        self.submit(OpKind::Console(ConsoleOp::CreateLink(link, events)))
+            .await?
+            .done()
+    }
+
+    async fn get_client_link(&self, hash: &str) -> Result<Option<ClientLink>, LedgerError> {
+        query(
+            "SELECT hash, id, tenant, invocation_id, created_at, expires_at, used_at, \
+             used_decision FROM client_links WHERE hash = $1",
+        )
+        .bind(hash)
+        .optional(self.reader(), link_from_row)
+        .await
+    }
+
+    async fn use_client_link(
+        &self,
+        hash: &str,
+        at: Timestamp,
+        decision: &str,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<bool, LedgerError> {
+        let events = events.into_iter().map(PreparedEvent::new).collect();
+        self.submit(OpKind::Console(ConsoleOp::UseLink {
+            hash: hash.to_owned(),
+            at,
+            decision: decision.to_owned(),
+            events,
+        }))
+        .await?
+        .finished()
+    }
+
+    async fn pending_details(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<PendingDetails>, LedgerError> {
+        query(
+            "SELECT p.decided_by, p.reason, p.decided_at, d.policy_ids \
+             FROM pending_invocations p LEFT JOIN policy_decisions d \
+             ON d.tenant = p.tenant AND d.tool_call_id = p.tool_call_id \
+             WHERE p.tenant = $1 AND p.id = $2 ORDER BY d.created_at DESC LIMIT 1",
+        )
+        .bind(tenant.as_str())
+        .bind(id)
+        .optional(self.reader(), details_from_row)
+        .await
+    }
+
     async fn create_tenant(&self, tenant: Tenant, actor: &Actor) -> Result<(), LedgerError> {
         let event = AdminEvent::tenant_created(&tenant, actor);
         self.submit(OpKind::CreateTenant(tenant, event))

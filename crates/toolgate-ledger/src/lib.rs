@@ -14,6 +14,7 @@ mod backend;
 mod binding;
 mod chain;
 mod checkpoint;
+mod console;
 mod error;
 mod model;
 mod observe;
@@ -37,6 +38,7 @@ mod verify;
 
 pub use chain::{EventFields, GENESIS_HASH, event_hash};
 pub use checkpoint::{CHECKPOINT_FORMAT, Checkpoint, CheckpointAuth};
+pub use console::{ClientLink, ConsoleSession, PendingDetails};
 pub use error::{LedgerError, LedgerErrorKind};
 pub use model::*;
 pub use observe::LedgerObserver;

@@ -108,6 +108,8 @@ pub(crate) enum OpKind {
         sealed: String,
         key_id: String,
     },
+    /// Console sessions and client approval links.
+    Console(crate::console::ConsoleOp),
 }
 
 impl OpKind {
@@ -134,7 +136,8 @@ impl OpKind {
             | OpKind::AppendEvents(_)
             | OpKind::ResolvePending(_)
             | OpKind::AddPending(_)
-            | OpKind::ReplacePendingArguments { .. } => None,
+            | OpKind::ReplacePendingArguments { .. }
+            | OpKind::Console(_) => None,
         }
     }
 }

@@ -275,6 +275,7 @@ impl<C: Conn> Steps<'_, C> {
                 let (pending, events) = pending.as_ref();
                 self.add_pending(pending, events).await
             }
+            OpKind::Console(op) => self.console(op).await,
             OpKind::DeleteCredential {
                 tenant,
                 name,
@@ -1016,7 +1017,7 @@ impl<C: Conn> Steps<'_, C> {
     }
 
     /// Appends one event to its tenant's chain.
-    async fn append(&mut self, event: &PreparedEvent) -> Result<(), Fail> {
+    pub(crate) async fn append(&mut self, event: &PreparedEvent) -> Result<(), Fail> {
         let previous = self.conn.head(self.heads, &event.tenant).await?;
         let chain_seq = previous.chain_seq + 1;
         let (key_id, hash) =

@@ -8,6 +8,7 @@ use toolgate_core::{
 use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
+use crate::console::{ClientLink, ConsoleSession, PendingDetails};
 use crate::error::LedgerError;
 use crate::model::{
     Actor, Agent, AuditEvent, CredentialRecord, FinishCall, KeyChange, NewAuditEvent, NewCall,
@@ -342,6 +343,65 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn subscribe_config_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
     }
+
+    // --- the approval console ----------------------------------------------------------
+
+    /// Opens a console session.
+    async fn create_console_session(&self, session: ConsoleSession) -> Result<(), LedgerError>;
+
+    /// The session whose id hashes to `id_hash`, expired or not.
+    async fn get_console_session(
+        &self,
+        id_hash: &str,
+    ) -> Result<Option<ConsoleSession>, LedgerError>;
+
+    /// Records a request of the session at `at` if it is still valid then (not idle for
+    /// `idle_ms`, not past its absolute expiry); `false` when it is not.
+    async fn touch_console_session(
+        &self,
+        id_hash: &str,
+        at: Timestamp,
+        idle_ms: i64,
+    ) -> Result<bool, LedgerError>;
+
+    /// Ends a session (sign-out); `false` when there was none.
+    async fn delete_console_session(&self, id_hash: &str) -> Result<bool, LedgerError>;
+
+    /// Removes sessions past their absolute expiry at `now` or last seen at or before
+    /// `idle_before`; answers how many.
+    async fn purge_console_sessions(
+        &self,
+        now: Timestamp,
+        idle_before: Timestamp,
+    ) -> Result<u64, LedgerError>;
+
+    /// Stores a client approval link with its audit events (on the link's tenant's chain).
+    async fn create_client_link(
+        &self,
+        link: ClientLink,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<(), LedgerError>;
+
+    /// The link whose secret hashes to `hash`.
+    async fn get_client_link(&self, hash: &str) -> Result<Option<ClientLink>, LedgerError>;
+
+    /// Marks the link used for `decision` if it is unused and unexpired at `at`, appending
+    /// `events` with it; `false` (and nothing written) when it was not.
+    async fn use_client_link(
+        &self,
+        hash: &str,
+        at: Timestamp,
+        decision: &str,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<bool, LedgerError>;
+
+    /// Who decided the pending invocation `id` of `tenant` (once decided) and the policies
+    /// that suspended it; `None` when there is no such invocation.
+    async fn pending_details(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<PendingDetails>, LedgerError>;
 
     /// Commits every write queued so far, then closes the store: SQLite checkpoints its
     /// write-ahead log into the database and truncates it (so nothing overwritten lingers

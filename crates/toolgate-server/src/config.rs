@@ -48,6 +48,8 @@ pub struct Config {
     pub aws: AwsSettings,
     /// The Prometheus endpoint (`[metrics]`).
     pub metrics: MetricsSettings,
+    /// The approval console (`[console]`).
+    pub console: ConsoleSettings,
     /// The MCP endpoint (`[mcp]`).
     pub mcp: McpSettings,
 }
@@ -86,6 +88,47 @@ impl McpSettings {
             .filter(|host| !LOOPBACK_HOSTS.contains(&host.as_str()))
     }
 }
+
+/// `[console]`: the approval console, served under `/console` on the gRPC port. Off unless
+/// enabled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsoleSettings {
+    /// Whether the console is served.
+    pub enabled: bool,
+    /// The URL people reach the gateway at (`https://gate.example.com`): client approval
+    /// links point there, and forms are taken from its origin. `None`: links are paths on the
+    /// gateway (`/console/link/...`), and forms are taken from the origin naming the request's
+    /// own `Host`.
+    pub public_url: Option<String>,
+    /// Further origins forms are taken from (a proxy's other names).
+    pub allowed_origins: Vec<String>,
+    /// A session ends after this long without a request.
+    pub session_idle: Duration,
+    /// A session ends this long after sign-in, whatever happens.
+    pub session_max: Duration,
+    /// How long a client approval link lives at most (never past its call's expiry).
+    pub client_link_ttl: Duration,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> ConsoleSettings {
+        ConsoleSettings {
+            enabled: false,
+            public_url: None,
+            allowed_origins: Vec::new(),
+            session_idle: Duration::from_millis(DEFAULT_SESSION_IDLE_MS),
+            session_max: Duration::from_millis(DEFAULT_SESSION_MAX_MS),
+            client_link_ttl: Duration::from_millis(DEFAULT_CLIENT_LINK_TTL_MS),
+        }
+    }
+}
+
+/// 30 minutes.
+const DEFAULT_SESSION_IDLE_MS: u64 = 30 * 60 * 1000;
+/// 12 hours.
+const DEFAULT_SESSION_MAX_MS: u64 = 12 * 60 * 60 * 1000;
+/// 24 hours.
+const DEFAULT_CLIENT_LINK_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// `[metrics]`: where the Prometheus endpoint (`GET /metrics`) listens. Off unless configured.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -154,7 +197,20 @@ struct RawConfig {
     #[serde(default)]
     metrics: RawMetrics,
     #[serde(default)]
+    console: RawConsole,
+    #[serde(default)]
     mcp: RawMcp,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConsole {
+    enabled: Option<bool>,
+    public_url: Option<String>,
+    allowed_origins: Option<Vec<String>>,
+    session_idle_ms: Option<u64>,
+    session_max_ms: Option<u64>,
+    client_link_ttl_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -280,6 +336,21 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("TOOLGATE_DISABLED_CONNECTORS", "connectors.disabled"),
     ("TOOLGATE_KEY_FILE", "secrets.key_file"),
     ("TOOLGATE_METRICS_LISTEN", "metrics.listen"),
+    ("TOOLGATE_CONSOLE_ENABLED", "console.enabled"),
+    ("TOOLGATE_CONSOLE_PUBLIC_URL", "console.public_url"),
+    (
+        "TOOLGATE_CONSOLE_ALLOWED_ORIGINS",
+        "console.allowed_origins",
+    ),
+    (
+        "TOOLGATE_CONSOLE_SESSION_IDLE_MS",
+        "console.session_idle_ms",
+    ),
+    ("TOOLGATE_CONSOLE_SESSION_MAX_MS", "console.session_max_ms"),
+    (
+        "TOOLGATE_CONSOLE_CLIENT_LINK_TTL_MS",
+        "console.client_link_ttl_ms",
+    ),
     ("TOOLGATE_MCP_ENABLED", "mcp.enabled"),
     ("TOOLGATE_MCP_ALLOWED_HOSTS", "mcp.allowed_hosts"),
     ("TOOLGATE_MCP_ALLOWED_ORIGINS", "mcp.allowed_origins"),
@@ -387,6 +458,29 @@ impl Config {
                 "auth.admin_token_file" => raw.auth.admin_token_file = Some(value.clone()),
                 "secrets.key_file" => raw.secrets.key_file = Some(value.clone()),
                 "metrics.listen" => raw.metrics.listen = Some(value.clone()),
+                "console.enabled" => {
+                    raw.console.enabled = Some(match value.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(format!("{name} must be true or false, got `{value}`")),
+                    });
+                }
+                "console.public_url" => raw.console.public_url = Some(value.clone()),
+                "console.allowed_origins" => {
+                    raw.console.allowed_origins = Some(
+                        value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|origin| !origin.is_empty())
+                            .map(str::to_owned)
+                            .collect(),
+                    );
+                }
+                "console.session_idle_ms" => raw.console.session_idle_ms = Some(number(value)?),
+                "console.session_max_ms" => raw.console.session_max_ms = Some(number(value)?),
+                "console.client_link_ttl_ms" => {
+                    raw.console.client_link_ttl_ms = Some(number(value)?);
+                }
                 "mcp.enabled" => {
                     raw.mcp.enabled = Some(match value.as_str() {
                         "true" | "1" => true,
@@ -550,6 +644,7 @@ impl Config {
                 .map(|text| parse_metrics_listen(&text, listen))
                 .transpose()?,
         };
+        let console = console_settings(raw.console)?;
         let mcp = mcp_settings(raw.mcp)?;
         let aws = AwsSettings {
             endpoint_url: raw.connectors.aws.endpoint_url,
@@ -581,9 +676,76 @@ impl Config {
             shopify,
             aws,
             metrics,
+            console,
             mcp,
         })
     }
+}
+
+/// `[console]`, checked: the public URL an http(s) URL without a path, the origins origins,
+/// the durations positive and the idle expiry within the absolute one.
+fn console_settings(raw: RawConsole) -> Result<ConsoleSettings, String> {
+    let defaults = ConsoleSettings::default();
+    if let Some(url) = &raw.public_url {
+        let parsed = url::Url::parse(url)
+            .map_err(|error| format!("console.public_url `{url}` is not a URL: {error}"))?;
+        if !matches!(parsed.scheme(), "http" | "https")
+            || parsed.host_str().is_none()
+            || !parsed.path().trim_end_matches('/').is_empty()
+            || parsed.query().is_some()
+        {
+            return Err(format!(
+                "console.public_url must be an http or https URL without a path, like https://gate.example.com, got `{url}`"
+            ));
+        }
+    }
+    let allowed_origins = raw.allowed_origins.unwrap_or_default();
+    for origin in &allowed_origins {
+        let serialized = url::Url::parse(origin)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https"))
+            .map(|url| url.origin().ascii_serialization());
+        if serialized.as_deref() != Some(origin.trim_end_matches('/')) {
+            return Err(format!(
+                "console.allowed_origins: `{origin}` is not an origin like https://gate.example.com (scheme, host and port only)"
+            ));
+        }
+    }
+    let duration = |name: &str, value: Option<u64>, default: Duration| match value {
+        None => Ok(default),
+        Some(0) => Err(format!("console.{name} must be at least 1")),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    };
+    let session_idle = duration(
+        "session_idle_ms",
+        raw.session_idle_ms,
+        defaults.session_idle,
+    )?;
+    let session_max = duration("session_max_ms", raw.session_max_ms, defaults.session_max)?;
+    if session_idle > session_max {
+        return Err(format!(
+            "console.session_idle_ms ({}) is longer than console.session_max_ms ({}): a session would never be idle long enough to end",
+            session_idle.as_millis(),
+            session_max.as_millis()
+        ));
+    }
+    Ok(ConsoleSettings {
+        enabled: raw.enabled.unwrap_or(false),
+        public_url: raw
+            .public_url
+            .map(|url| url.trim_end_matches('/').to_owned()),
+        allowed_origins: allowed_origins
+            .into_iter()
+            .map(|origin| origin.trim_end_matches('/').to_owned())
+            .collect(),
+        session_idle,
+        session_max,
+        client_link_ttl: duration(
+            "client_link_ttl_ms",
+            raw.client_link_ttl_ms,
+            defaults.client_link_ttl,
+        )?,
+    })
 }
 
 /// A comma-separated list from the environment, blanks dropped.
@@ -893,6 +1055,94 @@ mod tests {
             both_free.metrics.listen,
             Some("127.0.0.1:0".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn the_console_is_off_unless_enabled_and_its_settings_load_from_file_and_environment() {
+        let off = load("", &[]).unwrap().console;
+        assert_eq!(off, ConsoleSettings::default());
+        assert!(!off.enabled);
+        let file = load(
+            "[console]\nenabled = true\npublic_url = \"https://gate.example.com/\"\nallowed_origins = [\"https://other.example.com\"]\nsession_idle_ms = 1000\nsession_max_ms = 2000\nclient_link_ttl_ms = 3000",
+            &[],
+        )
+        .unwrap()
+        .console;
+        assert!(file.enabled);
+        assert_eq!(file.public_url.as_deref(), Some("https://gate.example.com"));
+        assert_eq!(file.allowed_origins, ["https://other.example.com"]);
+        assert_eq!(file.session_idle, Duration::from_millis(1000));
+        assert_eq!(file.session_max, Duration::from_millis(2000));
+        assert_eq!(file.client_link_ttl, Duration::from_millis(3000));
+        let env = load(
+            "",
+            &[
+                ("TOOLGATE_CONSOLE_ENABLED", "true"),
+                (
+                    "TOOLGATE_CONSOLE_ALLOWED_ORIGINS",
+                    "http://a.test, http://b.test:8080",
+                ),
+                ("TOOLGATE_CONSOLE_SESSION_IDLE_MS", "500"),
+            ],
+        )
+        .unwrap()
+        .console;
+        assert!(env.enabled);
+        assert_eq!(env.allowed_origins, ["http://a.test", "http://b.test:8080"]);
+        assert_eq!(env.session_idle, Duration::from_millis(500));
+        let shown = load("[console]\nenabled = true", &[]).unwrap().effective();
+        assert_eq!(shown["console"]["enabled"].as_bool(), Some(true));
+        assert_eq!(
+            shown["console"]["session_idle_ms"].as_integer(),
+            Some(1_800_000)
+        );
+    }
+
+    #[test]
+    fn bad_console_settings_are_refused_at_load() {
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case<'_>] = &[
+            (
+                "[console]\npublic_url = \"gate.example.com\"",
+                &[],
+                "console.public_url",
+            ),
+            (
+                "[console]\npublic_url = \"https://gate.example.com/app\"",
+                &[],
+                "without a path",
+            ),
+            (
+                "[console]\npublic_url = \"ftp://gate.example.com\"",
+                &[],
+                "http or https",
+            ),
+            (
+                "[console]\nallowed_origins = [\"https://a.test/x\"]",
+                &[],
+                "console.allowed_origins",
+            ),
+            (
+                "[console]\nsession_idle_ms = 0",
+                &[],
+                "console.session_idle_ms must be at least 1",
+            ),
+            (
+                "[console]\nsession_idle_ms = 5000\nsession_max_ms = 1000",
+                &[],
+                "longer than console.session_max_ms",
+            ),
+            (
+                "",
+                &[("TOOLGATE_CONSOLE_ENABLED", "yes")],
+                "must be true or false",
+            ),
+            ("[console]\ncolor = \"blue\"", &[], "color"),
+        ];
+        for (toml_text, pairs, expected) in cases {
+            let error = load(toml_text, pairs).unwrap_err();
+            assert!(error.contains(expected), "{toml_text} {pairs:?}: {error}");
+        }
     }
 
     #[test]

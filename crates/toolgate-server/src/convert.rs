@@ -105,6 +105,8 @@ pub(crate) fn outcome(outcome: ExecuteOutcome) -> pb::ToolCallResult {
         pending_invocation_id: outcome.pending_invocation_id.unwrap_or_default(),
         replayed: outcome.replayed,
         redacted: outcome.redacted,
+        // Set by the agent service when it minted a client approval link.
+        client_approval_url: String::new(),
     }
 }
 

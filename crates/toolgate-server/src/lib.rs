@@ -7,6 +7,7 @@
 mod auth;
 pub mod config;
 pub mod connectors;
+mod console;
 pub mod convert;
 mod drain;
 pub mod files;

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 use crate::auth::{AuthLayer, Authenticator, issue_token};
 use crate::config::Config;
 use crate::connectors::build_observed_registry;
+use crate::console::links::LinkMinter;
 use crate::drain::{Drain, Draining};
 use crate::files::{refuse_shared_file, write_private_file};
 use crate::keys;
@@ -203,7 +204,15 @@ async fn run(
     let engine = Arc::new(engine);
     // Pending invocations nobody decided in time resolve as rejected, audited; calls of
     // replicas that died since (PostgreSQL) are settled like those found at start-up.
-    tokio::spawn(sweep_loop(Arc::clone(&engine)));
+    let console_idle = config
+        .console
+        .enabled
+        .then_some(config.console.session_idle);
+    tokio::spawn(sweep_loop(
+        Arc::clone(&engine),
+        Arc::clone(&clock),
+        console_idle,
+    ));
 
     let listener = bind(bind_to, config.listen).await?;
     let local = listener.local_addr()?;
@@ -239,12 +248,19 @@ async fn run(
         ));
     }
     let drain = Drain::new();
+    let console = config.console.enabled;
     let shared = Shared {
         engine,
         auth: Arc::clone(&auth),
         clock,
         keys: key_manager,
         drain: Arc::clone(&drain),
+        client_links: console.then(|| {
+            Arc::new(LinkMinter::new(
+                config.console.public_url.as_deref(),
+                config.console.client_link_ttl,
+            ))
+        }),
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -316,6 +332,13 @@ async fn run(
             &drain,
         ));
     let mut app = grpc.into_axum_router();
+    if config.console.enabled {
+        app = app.merge(crate::console::router(
+            shared.clone(),
+            config.console.clone(),
+            config.tls.is_some(),
+        ));
+    }
     if config.mcp.enabled {
         app = app.merge(mcp::router(
             shared,
@@ -489,7 +512,7 @@ async fn forget_on_config_change(
 /// dead replicas are looked for (the first sweep runs at start-up).
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-async fn sweep_loop(engine: Arc<Engine>) {
+async fn sweep_loop(engine: Arc<Engine>, clock: Arc<dyn Clock>, console_idle: Option<Duration>) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -512,6 +535,19 @@ async fn sweep_loop(engine: Arc<Engine>) {
                 "calls of a gateway process that stopped are now outcome_unknown"
             ),
             Err(error) => warn!(%error, "settling interrupted calls failed"),
+        }
+        // Console sessions past their expiry are of no use to anyone: their rows go.
+        if let Some(idle) = console_idle {
+            let now = clock.now();
+            let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+            let idle_before = toolgate_core::Timestamp(now.0.saturating_sub(idle_ms));
+            if let Err(error) = engine
+                .store()
+                .purge_console_sessions(now, idle_before)
+                .await
+            {
+                warn!(%error, "removing ended console sessions failed");
+            }
         }
     }
 }

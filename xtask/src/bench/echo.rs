@@ -68,6 +68,7 @@ impl Echo {
                 pending_invocation_id: String::new(),
                 replayed: false,
                 redacted: false,
+                client_approval_url: String::new(),
             },
         }
     }

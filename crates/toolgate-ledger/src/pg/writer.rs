@@ -736,6 +736,7 @@ fn chain_tenants(ops: &[OpKind]) -> Vec<String> {
             OpKind::AppendEvents(events) => events,
             OpKind::ResolvePending(resolution) => &resolution.1,
             OpKind::AddPending(pending) => &pending.1,
+            OpKind::Console(op) => op.events(),
             // An administrative change's event (a new tenant's head is created, and so held,
             // by the batch itself).
             _ => {

@@ -10,6 +10,7 @@
 //! fail loudly, saying how to provide one; they are never skipped.
 
 mod admin;
+mod console;
 mod errors;
 mod keyed;
 mod replays;

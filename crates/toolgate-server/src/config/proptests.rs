@@ -36,6 +36,17 @@ const KEYS: &[(&str, &[&str])] = &[
     ),
     ("connectors", &["disabled"]),
     (
+        "console",
+        &[
+            "enabled",
+            "public_url",
+            "allowed_origins",
+            "session_idle_ms",
+            "session_max_ms",
+            "client_link_ttl_ms",
+        ],
+    ),
+    (
         "connectors.slack",
         &["api_base_url", "allow_hosts", "webhook_hosts"],
     ),

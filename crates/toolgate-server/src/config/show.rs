@@ -132,6 +132,16 @@ impl Config {
             secrets.insert("master_keys".into(), text(ELIDED.to_owned()));
         }
         root.insert("secrets".into(), Value::Table(secrets));
+
+        let console = &self.console;
+        let mut table = Table::new();
+        table.insert("enabled".into(), Value::Boolean(console.enabled));
+        optional(&mut table, "public_url", console.public_url.as_deref());
+        table.insert("allowed_origins".into(), texts(&console.allowed_origins));
+        table.insert("session_idle_ms".into(), millis(console.session_idle));
+        table.insert("session_max_ms".into(), millis(console.session_max));
+        table.insert("client_link_ttl_ms".into(), millis(console.client_link_ttl));
+        root.insert("console".into(), Value::Table(table));
         root
     }
 

@@ -142,6 +142,7 @@ impl Gate {
         let tool_use_id = text(META_TOOL_USE_ID)
             .unwrap_or_else(|| format!("mcp_{}", uuid::Uuid::now_v7().simple()));
         let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let link_tenant = tenant.clone();
         let execute = ExecuteRequest {
             tenant,
             agent: who.caller.agent.clone(),
@@ -174,7 +175,29 @@ impl Gate {
             .instrument(span),
         );
         match task.await {
-            Ok(Ok(outcome)) => outcome_result(outcome),
+            Ok(Ok(outcome)) => {
+                let link = match &self.shared.client_links {
+                    Some(minter) => minter
+                        .mint(
+                            &self.shared,
+                            &link_tenant,
+                            outcome.decision,
+                            outcome.pending_invocation_id.as_deref(),
+                        )
+                        .await
+                        .unwrap_or_else(|error| {
+                            // The call waits all the same; an expert can still decide it.
+                            tracing::warn!(%error, "minting a client approval link failed");
+                            None
+                        }),
+                    None => None,
+                };
+                let mut result = outcome_result(outcome);
+                if let Some(url) = link {
+                    with_client_link(&mut result, &url);
+                }
+                result
+            }
             Ok(Err(error)) => refused(error.into()),
             Err(_) => refused(ServiceError::Engine(EngineError::Unavailable(
                 "the call's task ended without an answer".to_owned(),
@@ -569,6 +592,16 @@ pub(crate) fn outcome_result(outcome: ExecuteOutcome) -> CallToolResult {
     answer.structured_content = Some(Value::Object(details));
     answer.meta = Some(MetaObject(meta));
     answer
+}
+
+/// Adds the end user's approval link to a waiting answer (`require_client_approval`).
+fn with_client_link(result: &mut CallToolResult, url: &str) {
+    if let Some(Value::Object(details)) = result.structured_content.as_mut() {
+        details.insert("client_approval_url".into(), json!(url));
+    }
+    result.content.push(ContentBlock::text(format!(
+        "The end user decides this call: show them this link to approve or reject it: {url}"
+    )));
 }
 
 /// A request the gateway refused before any tool ran (no such run, not this caller's,

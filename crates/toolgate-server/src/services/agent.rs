@@ -149,6 +149,7 @@ impl AgentService for AgentApi {
             .get::<CallDeadline>()
             .map(|deadline| deadline.0);
         let body = request.into_inner();
+        let link_tenant = tenant.clone();
         let outcome = self
             .0
             .engine
@@ -165,7 +166,22 @@ impl AgentService for AgentApi {
             })
             .await
             .map_err(status)?;
-        Ok(Response::new(convert::outcome(outcome)))
+        let link = match &self.0.client_links {
+            Some(minter) => {
+                minter
+                    .mint(
+                        &self.0,
+                        &link_tenant,
+                        outcome.decision,
+                        outcome.pending_invocation_id.as_deref(),
+                    )
+                    .await?
+            }
+            None => None,
+        };
+        let mut answer = convert::outcome(outcome);
+        answer.client_approval_url = link.unwrap_or_default();
+        Ok(Response::new(answer))
     }
 
     async fn await_tool_call(

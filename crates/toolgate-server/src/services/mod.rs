@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub(crate) keys: Arc<KeyManager>,
     /// The shutdown state: streams end when a shutdown begins.
     pub(crate) drain: Arc<Drain>,
+    /// Mints client approval links when the console is on.
+    pub(crate) client_links: Option<Arc<crate::console::links::LinkMinter>>,
 }
 
 /// A page size as the list calls take it: 0 is the default of 100, and at most 1000.

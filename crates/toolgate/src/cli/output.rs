@@ -112,7 +112,7 @@ mod tests {
                     "tool_call_id": "", "status": "TOOL_CALL_STATUS_SUCCEEDED", "result": inlined,
                     "error_code": "", "error_message": "", "duration_ms": "7", "attempts": 0,
                     "decision": "", "risk_level": "", "pending_invocation_id": "",
-                    "replayed": false, "redacted": false,
+                    "replayed": false, "redacted": false, "client_approval_url": "",
                 },
             }]);
             assert_eq!(printed, expected, "{text:?}");
