@@ -376,7 +376,16 @@ permit(principal, action == Toolgate::Action::"testkit.transfer", resource)
 """
 
 
-def test_a_call_the_end_user_decides_carries_its_client_approval_link(gateway, bound_token):
+@pytest.fixture
+def console_gateway():
+    gw = Gateway(env={"TOOLGATE_CONSOLE_ENABLED": "true"})
+    yield gw
+    gw.stop()
+
+
+def test_a_call_the_end_user_decides_carries_its_client_approval_link(console_gateway):
+    gateway = console_gateway
+    bound_token = agent_token_for(gateway, "acme", "support")
     gateway.admin.PutPolicy(
         pb.PutPolicyRequest(tenant_id="acme", text=CLIENT_APPROVAL_POLICY), metadata=bearer(gateway.admin_token)
     )
