@@ -17,6 +17,7 @@ import time
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -63,7 +64,14 @@ def screenshot(driver, name):
 
 
 def wait(driver, seconds=10):
-    return WebDriverWait(driver, seconds, poll_frequency=0.1)
+    # An element read while a form's answer replaces the page (or the queue's refresh replaces
+    # its rows) is stale: look again at the next poll.
+    return WebDriverWait(
+        driver,
+        seconds,
+        poll_frequency=0.1,
+        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+    )
 
 
 class Console:
@@ -135,8 +143,9 @@ def test_a_call_arrives_in_the_queue_without_a_reload_and_is_approved(console, t
     row = f'tr[data-invocation="{call.pending_invocation_id}"]'
     wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, row))
     assert driver.execute_script("return window.__not_reloaded === true;"), "the queue was reloaded"
-    assert "testkit.transfer" in driver.find_element(By.CSS_SELECTOR, row).text
-    assert "high" in driver.find_element(By.CSS_SELECTOR, row).text
+    # The queue's refresh replaces its rows: read the row inside a wait, which looks again.
+    wait(driver).until(lambda d: "testkit.transfer" in d.find_element(By.CSS_SELECTOR, row).text)
+    wait(driver).until(lambda d: "high" in d.find_element(By.CSS_SELECTOR, row).text)
     screenshot(driver, "queue")
 
     driver.find_element(By.CSS_SELECTOR, f"{row} a").click()
