@@ -304,34 +304,7 @@ fn python_tests(root: &Path, venv: &Path, pg_url: Option<&str>) -> anyhow::Resul
         Some(url) => pytest.env(pg::URL_ENV, url),
         None => pytest.env_remove(pg::URL_ENV),
     };
-    let output = pytest
-        .current_dir(root)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("cannot run pytest")?;
-    let mut child = output;
-    let stdout = child.stdout.take().context("piped stdout")?;
-    let mut totals = Totals::default();
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        println!("{line}");
-        let trimmed = line.trim_matches(|c| c == '=' || c == ' ');
-        let summary = [" passed", " failed", " error"]
-            .iter()
-            .any(|w| trimmed.contains(w));
-        if summary && trimmed.contains(" in ") {
-            totals.passed += count_before(trimmed, " passed");
-            totals.failed += count_before(trimmed, " failed") + count_before(trimmed, " error");
-        }
-    }
-    let status = child.wait()?;
-    if !status.success() && totals.failed == 0 {
-        bail!("pytest failed (exit {status}) without reporting failed tests; see above");
-    }
-    if totals.passed == 0 && totals.failed == 0 {
-        bail!("pytest ran no test");
-    }
-    Ok(totals)
+    run_pytest(pytest.current_dir(root))
 }
 
 /// Builds the `toolgate-client` wheel from `clients/python` with the pinned environment's
