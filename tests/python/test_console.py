@@ -288,3 +288,65 @@ def test_forged_and_cross_origin_forms_are_refused_and_another_tenant_is_not_fou
     other.get(page)
     assert "Not found" in other.find_element(By.TAG_NAME, "h1").text
     assert "testkit.transfer" not in other.find_element(By.ID, "main").text
+
+
+def test_an_admin_sets_up_a_tenant_in_the_browser(console, two_browsers):
+    """The admin pages in a real browser: a tenant created from the form, a tool granted, the
+    kill switch turned on through its confirmation, a policy refused with the error at its
+    line, a token issued and shown once; every effect checked over gRPC."""
+    driver, _ = two_browsers
+    admin, auth = console.gateway.admin, bearer(console.gateway.admin_token)
+    driver.get(f"{console.base}/console/sign-in")
+    driver.find_element(By.ID, "token").send_keys(console.gateway.admin_token)
+    driver.find_element(By.ID, "sign-in").click()
+    wait(driver).until(lambda d: d.current_url.endswith("/console/admin"))
+
+    driver.find_element(By.ID, "tenant_id").send_keys("initech")
+    driver.find_element(By.ID, "tenant_name").send_keys("Initech")
+    driver.find_element(By.ID, "create").click()
+    wait(driver).until(lambda d: "Tenant initech created" in d.find_element(By.ID, "outcome").text)
+    assert "initech" in [t.tenant_id for t in admin.ListTenants(pb.ListTenantsRequest(), metadata=auth).tenants]
+
+    driver.find_element(By.ID, "agent_id").send_keys("support")
+    driver.find_element(By.CSS_SELECTOR, "#create-agent button").click()
+    wait(driver).until(lambda d: "Agent support created" in d.find_element(By.ID, "outcome").text)
+    driver.find_element(By.CSS_SELECTOR, "#grant_tool option[value='testkit.transfer']").click()
+    driver.find_element(By.ID, "grant").click()
+    wait(driver).until(lambda d: "testkit.transfer granted to every agent" in d.find_element(By.ID, "outcome").text)
+    screenshot(driver, "admin-tenant")
+
+    driver.find_element(By.ID, "turn-on").click()
+    wait(driver).until(lambda d: d.find_elements(By.ID, "confirm"))
+    driver.find_element(By.ID, "confirm").send_keys("initech")
+    screenshot(driver, "admin-kill-switch")
+    driver.find_element(By.ID, "confirm-switch").click()
+    wait(driver).until(lambda d: "Tool calling is on" in d.find_element(By.ID, "outcome").text)
+    flag = admin.GetFeatureFlag(pb.GetFeatureFlagRequest(tenant_id="initech", flag="tool_calling_enabled"), metadata=auth)
+    assert flag.enabled and flag.explicitly_set
+
+    driver.get(f"{console.base}/console/admin/tenants/initech/policy")
+    text = driver.find_element(By.ID, "policy-text")
+    text.clear()
+    text.send_keys('@id("base") permit(principal, action, resource);\n@id("typo") permit(principal, action == Toolgate::Action::"testkit.nope", resource);\n')
+    driver.find_element(By.ID, "save").click()
+    wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#line-2.error-line"))
+    assert "nothing was stored" in driver.find_element(By.ID, "form-problem").text
+    screenshot(driver, "admin-policy-error")
+    assert admin.GetPolicy(pb.GetPolicyRequest(tenant_id="initech"), metadata=auth).version == 0
+
+    driver.get(f"{console.base}/console/admin/tokens")
+    driver.find_element(By.CSS_SELECTOR, "#token-role option[value='agent']").click()
+    driver.find_element(By.CSS_SELECTOR, "#token-tenant option[value='initech']").click()
+    driver.find_element(By.ID, "token-label").send_keys("initech-bot")
+    driver.find_element(By.ID, "issue").click()
+    wait(driver).until(lambda d: d.find_elements(By.ID, "new-token"))
+    token = driver.find_element(By.ID, "new-token").text
+    screenshot(driver, "admin-token")
+    run = console.gateway.agent.CreateRun(pb.CreateRunRequest(agent_id="support"), metadata=bearer(token))
+    result = console.gateway.agent.ExecuteTool(
+        pb.ExecuteToolRequest(run_id=run.run_id, tool_name="testkit.transfer", arguments_json=json.dumps({"amount": 5, "region": "us-east-1", "account": "a"})),
+        metadata=bearer(token),
+    )
+    assert result.status == pb.TOOL_CALL_STATUS_SUCCEEDED, result
+    driver.get(f"{console.base}/console/admin/tokens")
+    assert token not in driver.page_source, "a token is shown once only"

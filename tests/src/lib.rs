@@ -33,6 +33,7 @@ use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_client::AdminServiceClient;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
+pub mod browser;
 pub mod cluster;
 pub mod metrics;
 pub mod pki;

@@ -4,6 +4,7 @@
 //! listener, load shedding of tool calls, logs and traces ([`telemetry`]), and [`serve`]. The
 //! `toolgate` binary is `main.rs` and the CLI around it.
 
+mod admin;
 mod auth;
 pub mod config;
 pub mod connectors;

@@ -12,6 +12,9 @@
 //!   same identity and audit; the page's row version must still be the row's, else the page
 //!   says who decided instead of acting.
 //! - Client approval links ([`links`]) decide exactly one invocation, once.
+//! - Admin tokens open the admin pages ([`admin`]): tenants, agents, grants, the kill switch,
+//!   policies, credentials, tokens and audit trails, through the same operations as the gRPC
+//!   `AdminService` ([`crate::admin::Admin`]), each change audited with the session's token.
 //!
 //! [`router`] is the one entry point; the server merges it into its routes.
 
@@ -38,6 +41,8 @@ use crate::config::ConsoleSettings;
 use crate::services::Shared;
 use crate::status::ServiceError;
 
+mod admin;
+mod admin_pages;
 pub(crate) mod links;
 mod pages;
 
@@ -92,6 +97,7 @@ pub(crate) fn router(shared: Shared, settings: ConsoleSettings, tls: bool) -> Ro
         .route("/console/queue", get(queue))
         .route("/console/queue/rows", get(queue_rows))
         .route("/console/invocations/{id}", get(invocation).post(decide))
+        .merge(admin::routes())
         .route(
             "/console/link/{secret}",
             get(links::show).post(links::decide),
@@ -154,11 +160,12 @@ pub(crate) struct Signed {
 }
 
 impl Signed {
+    /// The approver's tenant (admin sessions never reach the approver pages).
     fn tenant(&self) -> &TenantId {
         self.caller
             .tenant
             .as_ref()
-            .expect("console sessions belong to approver tokens, which have a tenant")
+            .expect("approver sessions belong to approver tokens, which have a tenant")
     }
 
     /// How decisions made in this session are recorded: the same identity as the gRPC
@@ -250,8 +257,9 @@ impl Console {
             .find_token(&session.token_hash)
             .await
             .map_err(|error| NoSession::Failed(error.into()))?;
-        let Some(record) = record.filter(|record| !record.revoked && record.role == Role::Approver)
-        else {
+        let Some(record) = record.filter(|record| {
+            !record.revoked && matches!(record.role, Role::Approver | Role::Admin)
+        }) else {
             return Err(NoSession::Ended(
                 "The token this session was opened with was revoked.",
             ));
@@ -267,6 +275,52 @@ impl Console {
                 label: record.label,
             },
         })
+    }
+
+    /// The session of a request for a page of `role`; the answer to give otherwise (the
+    /// sign-in page, or a page saying the page is the other role's).
+    #[allow(
+        clippy::result_large_err,
+        reason = "the refusal is the handler's answer, returned at once"
+    )]
+    async fn session_of(&self, headers: &HeaderMap, role: Role) -> Result<Signed, Response> {
+        let signed = self
+            .session(headers)
+            .await
+            .map_err(|why| signed_out(self, why))?;
+        if signed.caller.role == role {
+            return Ok(signed);
+        }
+        Err(match signed.caller.role {
+            Role::Admin => pages::problem(
+                StatusCode::FORBIDDEN,
+                "Not an approver",
+                "This page is for the approvers of a tenant; an admin session manages the gateway from the admin pages.",
+            ),
+            _ => pages::problem(
+                StatusCode::FORBIDDEN,
+                "Admins only",
+                "This page needs an admin session: sign in with an admin token.",
+            ),
+        })
+    }
+
+    /// A POST of a signed-in `role`: the session, the form, the origin and the session's CSRF
+    /// token, all checked before the handler acts; the refusal page otherwise.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the refusal is the handler's answer, returned at once"
+    )]
+    async fn signed_post(
+        &self,
+        headers: &HeaderMap,
+        role: Role,
+        body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    ) -> Result<(Signed, HashMap<String, String>), Response> {
+        let signed = self.session_of(headers, role).await?;
+        let fields = form(body)?;
+        check_post(self, headers, &signed, &fields)?;
+        Ok((signed, fields))
     }
 
     /// Whether the POST comes from the console's own origin.
@@ -391,8 +445,9 @@ pub(crate) fn form(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "Form too large",
                 &format!(
-                    "Forms are at most {} KiB; nothing was changed.",
-                    MAX_FORM_BYTES / 1024
+                    "Forms are at most {} KiB ({} KiB on the admin pages, for policies); nothing was changed.",
+                    MAX_FORM_BYTES / 1024,
+                    admin::MAX_ADMIN_FORM_BYTES / 1024
                 ),
             )
         } else {
@@ -454,7 +509,16 @@ fn signed_out(app: &Console, why: NoSession) -> Response {
 /// A refusal of the engine or the store as a page (the same wording the gRPC status has).
 pub(crate) fn service_problem(error: impl Into<ServiceError>) -> Response {
     let status = crate::status::status(error);
-    let code = match status.code() {
+    pages::problem(
+        http_status(status.code()),
+        "The gateway refused",
+        status.message(),
+    )
+}
+
+/// The HTTP status of a refusal's gRPC code.
+fn http_status(code: tonic::Code) -> StatusCode {
+    match code {
         tonic::Code::NotFound => StatusCode::NOT_FOUND,
         tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
         tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
@@ -463,8 +527,7 @@ pub(crate) fn service_problem(error: impl Into<ServiceError>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE
         }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    pages::problem(code, "The gateway refused", status.message())
+    }
 }
 
 /// Checks the POST's origin and the session's CSRF token; the page to answer otherwise.
@@ -495,8 +558,16 @@ fn check_post(
 
 async fn home(State(app): State<App>, headers: HeaderMap) -> Response {
     match app.session(&headers).await {
-        Ok(_) => redirect("/console/queue"),
+        Ok(signed) => redirect(home_of(signed.caller.role)),
         Err(why) => signed_out(&app, why),
+    }
+}
+
+/// Where a session of `role` starts.
+fn home_of(role: Role) -> &'static str {
+    match role {
+        Role::Admin => "/console/admin",
+        _ => "/console/queue",
     }
 }
 
@@ -529,7 +600,10 @@ async fn sign_in(
     };
     let token = fields.get("token").map(|t| t.trim()).unwrap_or_default();
     if token.is_empty() {
-        return pages::sign_in(Some("Enter your approver token."), StatusCode::BAD_REQUEST);
+        return pages::sign_in(
+            Some("Enter your approver or admin token."),
+            StatusCode::BAD_REQUEST,
+        );
     }
     let store = app.shared.engine.store();
     let token_hash = hash_token(token);
@@ -543,11 +617,9 @@ async fn sign_in(
             StatusCode::UNAUTHORIZED,
         );
     };
-    if record.role != Role::Approver {
+    if !matches!(record.role, Role::Approver | Role::Admin) {
         return pages::sign_in(
-            Some(
-                "Only approver tokens open a console session (the admin pages are not part of this console).",
-            ),
+            Some("Only approver and admin tokens open a console session; agent tokens call tools."),
             StatusCode::FORBIDDEN,
         );
     }
@@ -564,8 +636,8 @@ async fn sign_in(
     if let Err(error) = store.create_console_session(session).await {
         return service_problem(error);
     }
-    tracing::info!(token_id = %record.id, "console session opened");
-    let mut response = redirect("/console/queue");
+    tracing::info!(token_id = %record.id, role = record.role.as_str(), "console session opened");
+    let mut response = redirect(home_of(record.role));
     response.headers_mut().insert(
         header::SET_COOKIE,
         app.session_cookie(&id, app.settings.session_max),
@@ -738,9 +810,9 @@ async fn queue_rows_of(
 }
 
 async fn queue(State(app): State<App>, request: Request) -> Response {
-    let signed = match app.session(request.headers()).await {
+    let signed = match app.session_of(request.headers(), Role::Approver).await {
         Ok(signed) => signed,
-        Err(why) => return signed_out(&app, why),
+        Err(page) => return page,
     };
     let filters = Filters::parse(request.uri().query());
     let rows = queue_rows_of(&app, &signed, &filters).await;
@@ -749,7 +821,8 @@ async fn queue(State(app): State<App>, request: Request) -> Response {
 
 async fn queue_rows(State(app): State<App>, request: Request) -> Response {
     let signed = match app.session(request.headers()).await {
-        Ok(signed) => signed,
+        Ok(signed) if signed.caller.role == Role::Approver => signed,
+        Ok(_) => return pages::rows_signed_out(),
         Err(NoSession::Failed(error)) => return service_problem(error),
         // The fragment replaces the table: it says so instead of redirecting the poll.
         Err(NoSession::Missing | NoSession::Ended(_)) => {
@@ -863,9 +936,9 @@ async fn invocation(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let signed = match app.session(&headers).await {
+    let signed = match app.session_of(&headers, Role::Approver).await {
         Ok(signed) => signed,
-        Err(why) => return signed_out(&app, why),
+        Err(page) => return page,
     };
     match load_view(&app.shared, signed.tenant(), &id, true).await {
         Ok(Some(view)) => pages::invocation(&signed.caller, &signed.csrf, &view, None, app.now()),
@@ -910,17 +983,10 @@ async fn decide(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let signed = match app.session(&headers).await {
+    let (signed, fields) = match app.signed_post(&headers, Role::Approver, body).await {
         Ok(signed) => signed,
-        Err(why) => return signed_out(&app, why),
-    };
-    let fields = match form(body) {
-        Ok(fields) => fields,
         Err(page) => return page,
     };
-    if let Err(page) = check_post(&app, &headers, &signed, &fields) {
-        return page;
-    }
     let tenant = signed.tenant().clone();
     let view = match load_view(&app.shared, &tenant, &id, true).await {
         Ok(Some(view)) => view,

@@ -6,7 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 use toolgate_core::Timestamp;
-use toolgate_ledger::PendingState;
+use toolgate_ledger::{PendingState, Role};
 
 use super::{Filters, InvocationView, QueueRow};
 use crate::auth::Caller;
@@ -22,7 +22,7 @@ pub(crate) enum Notice {
     Problem(String),
 }
 
-fn page(
+pub(crate) fn page(
     status: StatusCode,
     title: &str,
     caller: Option<(&Caller, &str)>,
@@ -40,9 +40,19 @@ fn page(
             }
             body {
                 header {
-                    a.brand href="/console/queue" { "toolgate approvals" }
+                    @match caller.map(|(caller, _)| caller.role) {
+                        Some(Role::Admin) => {
+                            a.brand href="/console/admin" { "toolgate admin" }
+                            nav aria-label="Admin" {
+                                a href="/console/admin" { "Tenants" }
+                                " "
+                                a href="/console/admin/tokens" { "Tokens" }
+                            }
+                        }
+                        _ => { a.brand href="/console/queue" { "toolgate approvals" } }
+                    }
                     @if let Some((caller, csrf)) = caller {
-                        span.who { "Signed in as " (caller.label) " · tenant " (caller.tenant.as_ref().map(|t| t.as_str()).unwrap_or("-")) }
+                        span.who { "Signed in as " (caller.label) " · " (caller.tenant.as_ref().map_or_else(|| "admin".to_owned(), |t| format!("tenant {t}"))) }
                         form.inline method="post" action="/console/sign-out" {
                             input type="hidden" name="csrf" value=(csrf);
                             button type="submit" { "Sign out" }
@@ -56,7 +66,7 @@ fn page(
     html_response(status, markup)
 }
 
-fn html_response(status: StatusCode, markup: Markup) -> Response {
+pub(crate) fn html_response(status: StatusCode, markup: Markup) -> Response {
     (
         status,
         [(
@@ -77,7 +87,7 @@ pub(crate) fn problem(status: StatusCode, title: &str, message: &str) -> Respons
         html! {
             h1 { (title) }
             p.problem role="alert" { (message) }
-            p { a href="/console/queue" { "Back to the queue" } }
+            p { a href="/console/" { "Back to the console" } }
         },
     )
 }
@@ -93,7 +103,7 @@ pub(crate) fn sign_in(message: Option<&str>, status: StatusCode) -> Response {
                 p.notice role="status" id="sign-in-message" { (message) }
             }
             form method="post" action="/console/sign-in" {
-                label for="token" { "Approver token" }
+                label for="token" { "Approver or admin token" }
                 input id="token" name="token" type="password" autocomplete="off" required;
                 button type="submit" id="sign-in" { "Sign in" }
             }
@@ -230,7 +240,7 @@ fn details(view: &InvocationView, now: Timestamp) -> Markup {
     }
 }
 
-fn notice_markup(notice: Option<&Notice>) -> Markup {
+pub(crate) fn notice_markup(notice: Option<&Notice>) -> Markup {
     html! {
         @match notice {
             Some(Notice::Outcome(text)) => { p.notice #outcome role="status" { (text) } }

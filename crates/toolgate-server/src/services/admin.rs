@@ -1,34 +1,23 @@
 //! The operator-facing service: tenants, agents, tokens, grants, flags, policies, credentials
-//! and master keys, for admin tokens. Every change is audited with the calling token's id.
+//! and master keys, for admin tokens. A thin adapter: the operations themselves, with their
+//! checks and audit, are [`crate::admin::Admin`]'s, which the console's admin pages call too.
 
 use tonic::{Request, Response, Status};
-use toolgate_core::{AgentId, SecretName, TenantId, ToolName};
-use toolgate_ledger::{Actor, Agent, CredentialKind, CredentialRecord, Permission, Role, Tenant};
+use toolgate_ledger::{CredentialKind, CredentialRecord, Permission};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::admin_service_server::AdminService;
 
 use super::Shared;
-use crate::auth::{Caller, caller, issue_token};
-use crate::convert::{self, parse_id};
+use crate::admin::{Admin, CredentialInput};
+use crate::auth::{Caller, caller};
+use crate::convert;
 use crate::status::{ServiceError, status};
 
 /// The operator-facing service.
 #[derive(Debug, Clone)]
 pub(crate) struct AdminApi(pub(crate) Shared);
 
-fn tenant_id(value: &str) -> Result<TenantId, ServiceError> {
-    parse_id("tenant_id", value, TenantId::new)
-}
-
-fn optional_agent(value: &str) -> Result<Option<AgentId>, ServiceError> {
-    if value.is_empty() {
-        Ok(None)
-    } else {
-        parse_id("agent_id", value, AgentId::new).map(Some)
-    }
-}
-
-fn token_info(record: &toolgate_ledger::TokenRecord) -> pb::TokenInfo {
+pub(crate) fn token_info(record: &toolgate_ledger::TokenRecord) -> pb::TokenInfo {
     pb::TokenInfo {
         token_id: record.id.clone(),
         role: record.role.as_str().to_owned(),
@@ -55,32 +44,20 @@ impl AdminService for AdminApi {
         request: Request<pb::CreateTenantRequest>,
     ) -> Result<Response<pb::Tenant>, Status> {
         let caller = caller(&request)?;
-        let body = request.into_inner();
-        let id = tenant_id(&body.tenant_id)?;
-        let name = if body.name.trim().is_empty() {
-            id.to_string()
-        } else {
-            body.name
-        };
-        let tenant = Tenant {
-            id,
-            name,
-            created_at: self.0.clock.now(),
-        };
-        self.0
-            .engine
-            .store()
-            .create_tenant(tenant.clone(), &self.actor(&caller))
-            .await
-            .map_err(status)?;
+        let body = request.get_ref();
+        let tenant = self
+            .admin(&caller)
+            .create_tenant(&body.tenant_id, &body.name)
+            .await?;
         Ok(Response::new(convert::tenant(&tenant)))
     }
 
     async fn list_tenants(
         &self,
-        _request: Request<pb::ListTenantsRequest>,
+        request: Request<pb::ListTenantsRequest>,
     ) -> Result<Response<pb::ListTenantsResponse>, Status> {
-        let tenants = self.0.engine.store().list_tenants().await.map_err(status)?;
+        let caller = caller(&request)?;
+        let tenants = self.admin(&caller).list_tenants().await?;
         Ok(Response::new(pb::ListTenantsResponse {
             tenants: tenants.iter().map(convert::tenant).collect(),
         }))
@@ -92,18 +69,10 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::Agent>, Status> {
         let caller = caller(&request)?;
         let body = request.into_inner();
-        let agent = Agent {
-            tenant: tenant_id(&body.tenant_id)?,
-            id: parse_id("agent_id", &body.agent_id, AgentId::new)?,
-            name: body.name,
-            created_at: self.0.clock.now(),
-        };
-        self.0
-            .engine
-            .store()
-            .create_agent(agent.clone(), &self.actor(&caller))
-            .await
-            .map_err(status)?;
+        let agent = self
+            .admin(&caller)
+            .create_agent(&body.tenant_id, &body.agent_id, body.name)
+            .await?;
         Ok(Response::new(convert::agent(&agent)))
     }
 
@@ -111,14 +80,11 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        let tenant = tenant_id(&request.get_ref().tenant_id)?;
+        let caller = caller(&request)?;
         let agents = self
-            .0
-            .engine
-            .store()
-            .list_agents(&tenant)
-            .await
-            .map_err(status)?;
+            .admin(&caller)
+            .list_agents(&request.get_ref().tenant_id)
+            .await?;
         Ok(Response::new(pb::ListAgentsResponse {
             agents: agents.iter().map(convert::agent).collect(),
         }))
@@ -130,45 +96,10 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
         let caller = caller(&request)?;
         let body = request.into_inner();
-        let role = Role::parse(&body.role).ok_or_else(|| {
-            ServiceError::invalid(
-                "role",
-                format!("`{}` is not one of agent, approver, admin", body.role),
-            )
-        })?;
-        let (tenant, agent) = match role {
-            Role::Admin => {
-                if !body.tenant_id.is_empty() || !body.agent_id.is_empty() {
-                    return Err(ServiceError::InvalidArgument(
-                        "admin tokens belong to no tenant: leave tenant_id and agent_id empty"
-                            .to_owned(),
-                    )
-                    .into());
-                }
-                (None, None)
-            }
-            Role::Agent => (
-                Some(tenant_id(&body.tenant_id)?),
-                optional_agent(&body.agent_id)?,
-            ),
-            Role::Approver => {
-                if !body.agent_id.is_empty() {
-                    return Err(ServiceError::invalid(
-                        "agent_id",
-                        "approver tokens are not bound to an agent",
-                    )
-                    .into());
-                }
-                (Some(tenant_id(&body.tenant_id)?), None)
-            }
-        };
-        let issued = issue_token(role, tenant, agent, body.label, self.0.clock.now());
-        self.0
-            .engine
-            .store()
-            .create_token(issued.record.clone(), &self.actor(&caller))
-            .await
-            .map_err(status)?;
+        let issued = self
+            .admin(&caller)
+            .create_token(&body.role, &body.tenant_id, &body.agent_id, body.label)
+            .await?;
         Ok(Response::new(pb::CreateTokenResponse {
             token_id: issued.record.id,
             token: issued.secret,
@@ -179,17 +110,11 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
-        let tenant = match request.get_ref().tenant_id.as_str() {
-            "" => None,
-            id => Some(tenant_id(id)?),
-        };
+        let caller = caller(&request)?;
         let tokens = self
-            .0
-            .engine
-            .store()
-            .list_tokens(tenant.as_ref())
-            .await
-            .map_err(status)?;
+            .admin(&caller)
+            .list_tokens(&request.get_ref().tenant_id)
+            .await?;
         Ok(Response::new(pb::ListTokensResponse {
             tokens: tokens.iter().map(token_info).collect(),
         }))
@@ -200,17 +125,9 @@ impl AdminService for AdminApi {
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
         let caller = caller(&request)?;
-        let id = request.into_inner().token_id;
-        if id.is_empty() {
-            return Err(ServiceError::invalid("token_id", "required").into());
-        }
-        self.0
-            .engine
-            .store()
-            .revoke_token(&id, &self.actor(&caller))
-            .await
-            .map_err(status)?;
-        self.0.auth.forget_token(&id);
+        self.admin(&caller)
+            .revoke_token(&request.get_ref().token_id)
+            .await?;
         Ok(Response::new(pb::RevokeTokenResponse {}))
     }
 
@@ -219,39 +136,16 @@ impl AdminService for AdminApi {
         request: Request<pb::SetPermissionRequest>,
     ) -> Result<Response<pb::Permission>, Status> {
         let caller = caller(&request)?;
-        let body = request.into_inner();
-        let tool = parse_id("tool_name", &body.tool_name, ToolName::new)?;
-        if !self.0.engine.catalog().registry().contains(&tool) {
-            let known: Vec<String> = self
-                .0
-                .engine
-                .catalog()
-                .registry()
-                .names()
-                .map(ToString::to_string)
-                .collect();
-            return Err(ServiceError::invalid(
-                "tool_name",
-                format!(
-                    "`{tool}` is not served by this gateway; registered tools: {}",
-                    known.join(", ")
-                ),
+        let body = request.get_ref();
+        let permission = self
+            .admin(&caller)
+            .set_permission(
+                &body.tenant_id,
+                &body.agent_id,
+                &body.tool_name,
+                body.enabled,
             )
-            .into());
-        }
-        let permission = Permission {
-            tenant: tenant_id(&body.tenant_id)?,
-            agent: optional_agent(&body.agent_id)?,
-            tool,
-            enabled: body.enabled,
-            updated_at: self.0.clock.now(),
-        };
-        self.0
-            .engine
-            .store()
-            .put_permission(permission.clone(), &self.actor(&caller))
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(permission_pb(&permission)))
     }
 
@@ -259,16 +153,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListPermissionsRequest>,
     ) -> Result<Response<pb::ListPermissionsResponse>, Status> {
-        let body = request.into_inner();
-        let tenant = tenant_id(&body.tenant_id)?;
-        let agent = optional_agent(&body.agent_id)?;
+        let caller = caller(&request)?;
+        let body = request.get_ref();
         let permissions = self
-            .0
-            .engine
-            .store()
-            .list_permissions(&tenant, agent.as_ref())
-            .await
-            .map_err(status)?;
+            .admin(&caller)
+            .list_permissions(&body.tenant_id, &body.agent_id)
+            .await?;
         Ok(Response::new(pb::ListPermissionsResponse {
             permissions: permissions.iter().map(permission_pb).collect(),
         }))
@@ -280,13 +170,10 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::FeatureFlag>, Status> {
         let caller = caller(&request)?;
         let body = request.into_inner();
-        let tenant = tenant_id(&body.tenant_id)?;
-        check_flag_name(&body.flag)?;
-        self.0
-            .engine
-            .set_flag(&tenant, &body.flag, body.enabled, &caller.token_id)
-            .await
-            .map_err(status)?;
+        let tenant = self
+            .admin(&caller)
+            .set_flag(&body.tenant_id, &body.flag, body.enabled)
+            .await?;
         Ok(Response::new(pb::FeatureFlag {
             tenant_id: tenant.to_string(),
             flag: body.flag,
@@ -299,16 +186,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::GetFeatureFlagRequest>,
     ) -> Result<Response<pb::FeatureFlag>, Status> {
+        let caller = caller(&request)?;
         let body = request.into_inner();
-        let tenant = tenant_id(&body.tenant_id)?;
-        check_flag_name(&body.flag)?;
-        let value = self
-            .0
-            .engine
-            .store()
-            .get_flag(&tenant, &body.flag)
-            .await
-            .map_err(status)?;
+        let (tenant, value) = self
+            .admin(&caller)
+            .get_flag(&body.tenant_id, &body.flag)
+            .await?;
         Ok(Response::new(pb::FeatureFlag {
             tenant_id: tenant.to_string(),
             flag: body.flag,
@@ -323,15 +206,12 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::PolicySet>, Status> {
         let caller = caller(&request)?;
         let body = request.into_inner();
-        let tenant = tenant_id(&body.tenant_id)?;
         let version = self
-            .0
-            .engine
-            .put_policy(&tenant, &body.text, &caller.token_id)
-            .await
-            .map_err(status)?;
+            .admin(&caller)
+            .put_policy(&body.tenant_id, &body.text)
+            .await?;
         Ok(Response::new(pb::PolicySet {
-            tenant_id: tenant.to_string(),
+            tenant_id: body.tenant_id,
             version,
             text: body.text,
             created_at_ms: self.0.clock.now().0,
@@ -342,11 +222,10 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ValidatePolicyRequest>,
     ) -> Result<Response<pb::ValidatePolicyResponse>, Status> {
-        let errors = match self.0.engine.validate_policy(&request.get_ref().text) {
-            Ok(()) => Vec::new(),
-            Err(toolgate_engine::EngineError::InvalidPolicy(errors)) => errors,
-            Err(other) => return Err(status(other)),
-        };
+        let caller = caller(&request)?;
+        let errors = self
+            .admin(&caller)
+            .validate_policy(&request.get_ref().text)?;
         Ok(Response::new(pb::ValidatePolicyResponse {
             valid: errors.is_empty(),
             errors,
@@ -357,18 +236,14 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::PolicySet>, Status> {
-        let tenant = tenant_id(&request.get_ref().tenant_id)?;
-        let (version, text, at) = self
-            .0
-            .engine
-            .current_policy(&tenant)
-            .await
-            .map_err(status)?;
+        let caller = caller(&request)?;
+        let tenant = request.into_inner().tenant_id;
+        let policy = self.admin(&caller).get_policy(&tenant).await?;
         Ok(Response::new(pb::PolicySet {
-            tenant_id: tenant.to_string(),
-            version,
-            text,
-            created_at_ms: at.0,
+            tenant_id: tenant,
+            version: policy.version,
+            text: policy.text,
+            created_at_ms: policy.created_at.0,
         }))
     }
 
@@ -401,22 +276,13 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::SecretInfo>, Status> {
         let caller = caller(&request)?;
         let body = request.into_inner();
-        if body.value.is_empty() {
-            return Err(ServiceError::invalid("value", "must not be empty").into());
-        }
-        let record = self.credential(
-            &caller,
-            &body.tenant_id,
-            &body.name,
-            &body.metadata_json,
-            body.notes,
-        )?;
-        let stored = self
-            .0
-            .keys
-            .put_sealed(record, &body.value, &self.actor(&caller))
-            .await
-            .map_err(status)?;
+        let input = CredentialInput {
+            tenant: &body.tenant_id,
+            name: &body.name,
+            metadata_json: &body.metadata_json,
+            notes: body.notes.clone(),
+        };
+        let stored = self.admin(&caller).put_sealed(input, &body.value).await?;
         Ok(Response::new(secret_info(&stored)))
     }
 
@@ -426,38 +292,28 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::SecretInfo>, Status> {
         let caller = caller(&request)?;
         let body = request.into_inner();
-        let reference = toolgate_secrets::Reference::parse(&body.reference)
-            .map_err(|e| ServiceError::invalid("reference", e))?;
-        let mut record = self.credential(
-            &caller,
-            &body.tenant_id,
-            &body.name,
-            &body.metadata_json,
-            body.notes,
-        )?;
-        record.kind = CredentialKind::Reference;
-        record.value = reference.to_string();
-        record.key_id = None;
-        self.0
-            .keys
-            .put_reference(record.clone(), &self.actor(&caller))
-            .await
-            .map_err(status)?;
-        Ok(Response::new(secret_info(&record)))
+        let input = CredentialInput {
+            tenant: &body.tenant_id,
+            name: &body.name,
+            metadata_json: &body.metadata_json,
+            notes: body.notes.clone(),
+        };
+        let stored = self
+            .admin(&caller)
+            .put_reference(input, &body.reference)
+            .await?;
+        Ok(Response::new(secret_info(&stored)))
     }
 
     async fn list_secrets(
         &self,
         request: Request<pb::ListSecretsRequest>,
     ) -> Result<Response<pb::ListSecretsResponse>, Status> {
-        let tenant = tenant_id(&request.get_ref().tenant_id)?;
+        let caller = caller(&request)?;
         let records = self
-            .0
-            .engine
-            .store()
-            .list_credentials(&tenant)
-            .await
-            .map_err(status)?;
+            .admin(&caller)
+            .list_credentials(&request.get_ref().tenant_id)
+            .await?;
         Ok(Response::new(pb::ListSecretsResponse {
             secrets: records.iter().map(secret_info).collect(),
         }))
@@ -468,14 +324,10 @@ impl AdminService for AdminApi {
         request: Request<pb::DeleteSecretRequest>,
     ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
         let caller = caller(&request)?;
-        let body = request.into_inner();
-        let tenant = tenant_id(&body.tenant_id)?;
-        let name = parse_id("name", &body.name, SecretName::new)?;
-        self.0
-            .keys
-            .delete(&tenant, &name, &self.actor(&caller))
-            .await
-            .map_err(status)?;
+        let body = request.get_ref();
+        self.admin(&caller)
+            .delete_credential(&body.tenant_id, &body.name)
+            .await?;
         Ok(Response::new(pb::DeleteSecretResponse {}))
     }
 
@@ -528,48 +380,13 @@ impl AdminService for AdminApi {
 }
 
 impl AdminApi {
-    /// The calling admin token as the actor of a change made now: the ledger records it (its
-    /// id, never the token) in the change's audit event.
-    fn actor(&self, caller: &Caller) -> Actor {
-        Actor::token(caller.token_id.clone(), self.0.clock.now())
+    fn admin<'a>(&'a self, caller: &'a Caller) -> Admin<'a> {
+        Admin::new(&self.0, caller)
     }
 
-    /// A credential record from request fields (value and kind filled in by the caller).
-    fn credential(
-        &self,
-        caller: &Caller,
-        tenant: &str,
-        name: &str,
-        metadata_json: &str,
-        notes: String,
-    ) -> Result<CredentialRecord, ServiceError> {
-        let metadata = if metadata_json.trim().is_empty() {
-            serde_json::json!({})
-        } else {
-            let value: serde_json::Value = serde_json::from_str(metadata_json).map_err(|e| {
-                ServiceError::invalid("metadata_json", format!("not valid JSON: {e}"))
-            })?;
-            if !value.is_object() {
-                return Err(ServiceError::invalid(
-                    "metadata_json",
-                    "must be a JSON object",
-                ));
-            }
-            self.0.engine.redactor().redact_json(&value)
-        };
-        let now = self.0.clock.now();
-        Ok(CredentialRecord {
-            tenant: tenant_id(tenant)?,
-            name: parse_id("name", name, SecretName::new)?,
-            kind: CredentialKind::Sealed,
-            value: String::new(),
-            key_id: None,
-            metadata,
-            notes,
-            created_by: caller.token_id.clone(),
-            created_at: now,
-            updated_at: now,
-        })
+    /// The calling admin token as the actor of a key ring change made now.
+    fn actor(&self, caller: &Caller) -> toolgate_ledger::Actor {
+        toolgate_ledger::Actor::token(caller.token_id.clone(), self.0.clock.now())
     }
 }
 
@@ -633,24 +450,5 @@ fn permission_pb(p: &Permission) -> pb::Permission {
         tool_name: p.tool.to_string(),
         enabled: p.enabled,
         updated_at_ms: p.updated_at.0,
-    }
-}
-
-fn check_flag_name(flag: &str) -> Result<(), ServiceError> {
-    let valid = !flag.is_empty()
-        && flag.len() <= 64
-        && flag
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(ServiceError::invalid(
-            "flag",
-            format!(
-                "`{}` must be 1 to 64 of a-z, 0-9 and _ (e.g. tool_calling_enabled)",
-                flag.chars().take(64).collect::<String>()
-            ),
-        ))
     }
 }
