@@ -5,6 +5,11 @@
 //!   result at once), in its own process;
 //! - the gateway: `target/release/toolgate` (a `testkit` build) in a temporary directory with a
 //!   fresh SQLite ledger, calling `testkit.noop` with `{}` through the whole pipeline;
+//! - the same gateway, ledger and run called over MCP: `tools/call` of `testkit__noop` at
+//!   `/mcp` as a stateless (2026-07-28) MCP client sends it, over HTTP/1.1 keep-alive with one
+//!   connection per call in flight (`bench/mcp.rs`); the closed and open loops again, against
+//!   the throughput agentgateway served on this machine (10.3k-11.8k MCP tool calls/s, no
+//!   ledger);
 //! - the same gateway on a PostgreSQL ledger (a fresh schema in the test suite's server,
 //!   `TOOLGATE_TEST_PG_URL` or 127.0.0.1:5432, dropped afterwards), when one answers: the
 //!   closed and open loops again, against a target of 5,000 calls/s with durable commits.
@@ -23,7 +28,9 @@
 //! with PASS/MISS against the budget and written to `target/bench/results.json`. A missed target
 //! never fails the command; a broken setup or a failed call does.
 //!
-//! The command first builds the gateway (`cargo build --release -p toolgate --features testkit`)
+//! The command first builds the gateway (`cargo build --release -p toolgate
+//! --no-default-features --features testkit,slack,shopify`: no AWS connector, see
+//! [`GATEWAY_BUILD`])
 //! and then this crate in release, and re-executes the release `xtask` binary to measure: the
 //! load client must not be the bottleneck, and a debug client would be. The echo server runs
 //! as `xtask bench --echo-server` from that same release binary. Alongside each figure the
@@ -52,6 +59,7 @@
 
 mod echo;
 mod load;
+mod mcp;
 mod otlp;
 mod postgres;
 mod process;
@@ -60,22 +68,28 @@ mod report;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-use crate::bench::load::{ClosedLoop, OpenLoop, Target};
+use crate::bench::load::{ClosedLoop, OpenLoop, Target, Transport};
+use crate::bench::mcp::McpClient;
 use crate::bench::process::{Gateway, StartupSample};
 use crate::bench::report::{Report, TargetFigures};
 
-/// Builds the gateway measured: release, with the `testkit` connectors.
+/// Builds the gateway measured: release, with the `testkit` connectors, and without the AWS
+/// connector, which the benchmark never calls: the AWS SDK alone takes about 40 minutes to
+/// build in release on a 2-core machine and changes nothing on the measured path (the
+/// `testkit.noop` call). Slack and Shopify stay, as in the default build.
 const GATEWAY_BUILD: &[&str] = &[
     "build",
     "--release",
     "-p",
     "toolgate",
+    "--no-default-features",
     "--features",
-    "testkit",
+    "testkit,slack,shopify",
 ];
 
 /// Runs the benchmark (or, internally, the echo server).
@@ -227,7 +241,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let gateway_binary = target_dir.join("release").join("toolgate");
     if !gateway_binary.exists() {
         bail!(
-            "{} does not exist; build it with `cargo build --release -p toolgate --features testkit`",
+            "{} does not exist; build it with `cargo build --release -p toolgate --no-default-features --features testkit,slack,shopify`",
             gateway_binary.display()
         );
     }
@@ -276,6 +290,13 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let (gateway_closed, gateway_open) =
         runtime.block_on(measure_target(options, &gateway_target, gateway.pid()))?;
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
+
+    // The same gateway, ledger and run, called as MCP clients call it.
+    println!("\n==> gateway over MCP (tools/call at /mcp, the same gateway and run)");
+    let mcp = Transport::Mcp(Arc::new(McpClient::new(&gateway_target)?));
+    let (mcp_closed, mcp_open) =
+        runtime.block_on(measure_transport(options, &mcp, "mcp-", gateway.pid()))?;
+    let mcp_rss = process::peak_rss_kib(gateway.pid())?;
     let gateway_stderr = gateway.stderr_summary();
     drop(gateway);
 
@@ -318,6 +339,11 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             closed: gateway_closed,
             open: gateway_open,
             peak_rss_kib: gateway_rss,
+        },
+        mcp: TargetFigures {
+            closed: mcp_closed,
+            open: mcp_open,
+            peak_rss_kib: mcp_rss,
         },
         startups,
         sweep,
@@ -392,10 +418,21 @@ async fn measure_target(
     server_pid: u32,
 ) -> anyhow::Result<(ClosedLoop, OpenLoop)> {
     let channels = load::connect(&target.url, options.connections).await?;
+    let transport = Transport::Grpc(target.clone(), channels);
+    measure_transport(options, &transport, "", server_pid).await
+}
+
+/// The closed loop, then the open loop, over one transport; `phase` prefixes the calls'
+/// tool_use_ids (distinct per transport on one run, so none is a replay).
+async fn measure_transport(
+    options: &Options,
+    transport: &Transport,
+    phase: &str,
+    server_pid: u32,
+) -> anyhow::Result<(ClosedLoop, OpenLoop)> {
     let closed = load::closed_loop(
-        target,
-        &channels,
-        "closed",
+        transport,
+        &format!("{phase}closed"),
         options.concurrency,
         options.closed_warmup,
         options.duration,
@@ -410,8 +447,8 @@ async fn measure_target(
         closed.cpu.client_percent
     );
     let open = load::open_loop(
-        target,
-        &channels,
+        transport,
+        &format!("{phase}open"),
         options.rate,
         options.open_warmup,
         options.duration,
@@ -435,6 +472,7 @@ async fn sweep_concurrency(
     server_pid: u32,
 ) -> anyhow::Result<Vec<(usize, ClosedLoop)>> {
     let channels = load::connect(&target.url, options.connections).await?;
+    let transport = Transport::Grpc(target.clone(), channels);
     let duration = if options.quick {
         Duration::from_secs(1)
     } else {
@@ -444,8 +482,7 @@ async fn sweep_concurrency(
     for &concurrency in SWEEP {
         let phase = format!("sweep{concurrency}");
         let closed = load::closed_loop(
-            target,
-            &channels,
+            &transport,
             &phase,
             concurrency,
             Duration::from_secs(1),

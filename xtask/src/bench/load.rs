@@ -1,6 +1,8 @@
 //! The load client: a closed loop (a fixed number of calls in flight, each worker sending the
 //! next call as soon as its last one is answered) for throughput, and an open loop (calls sent
-//! on a fixed timetable whatever the answers do) for latency at a fixed offered rate.
+//! on a fixed timetable whatever the answers do) for latency at a fixed offered rate. Both
+//! drive a [`Transport`]: gRPC `ExecuteTool` over a few HTTP/2 connections, or MCP
+//! `tools/call` over HTTP/1.1 ([`McpClient`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 use toolgate_proto::v1 as pb;
 use toolgate_proto::v1::agent_service_client::AgentServiceClient;
 
+use crate::bench::mcp::McpClient;
 use crate::bench::process::{CpuSnapshot, CpuUsage};
 
 /// Longest any single call may take before it counts as failed.
@@ -47,6 +50,23 @@ impl Target {
             run_id: "run_0192f0c4e5a77c3a9b1d2e3f40516273".to_owned(),
             tool: "testkit.noop".to_owned(),
         }
+    }
+
+    /// The `Authorization` header's value.
+    pub(crate) fn authorization(&self) -> anyhow::Result<String> {
+        Ok(self
+            .authorization
+            .to_str()
+            .context("the authorization is not text")?
+            .to_owned())
+    }
+
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(crate) fn tool(&self) -> &str {
+        &self.tool
     }
 
     /// An `ExecuteTool` request for `testkit.noop` with `{}` arguments.
@@ -97,6 +117,47 @@ pub(crate) async fn connect(url: &str, count: usize) -> anyhow::Result<Vec<Chann
         );
     }
     Ok(channels)
+}
+
+/// How the load reaches the target.
+#[derive(Debug, Clone)]
+pub(crate) enum Transport {
+    /// `ExecuteTool` over these HTTP/2 connections, spread round-robin.
+    Grpc(Target, Vec<Channel>),
+    /// `tools/call` over MCP.
+    Mcp(Arc<McpClient>),
+}
+
+/// What one worker (or one open-loop call) calls with.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per worker, made once; boxing would add an allocation per open-loop call"
+)]
+enum Caller {
+    Grpc(AgentServiceClient<Channel>, Target),
+    Mcp(Arc<McpClient>),
+}
+
+impl Transport {
+    /// The caller of worker or call `index`.
+    fn caller(&self, index: usize) -> Caller {
+        match self {
+            Transport::Grpc(target, channels) => Caller::Grpc(
+                AgentServiceClient::new(channels[index % channels.len()].clone()),
+                target.clone(),
+            ),
+            Transport::Mcp(client) => Caller::Mcp(Arc::clone(client)),
+        }
+    }
+}
+
+impl Caller {
+    async fn call(&mut self, tool_use_id: String) -> Result<(), String> {
+        match self {
+            Caller::Grpc(client, target) => call(client, target.request(tool_use_id)).await,
+            Caller::Mcp(client) => client.call(&tool_use_id).await,
+        }
+    }
 }
 
 /// Calls answered, and how the target and the client used the CPU meanwhile.
@@ -163,11 +224,10 @@ impl Tally {
     }
 }
 
-/// Runs `concurrency` workers over `channels` for `warmup + duration` and counts the calls
+/// Runs `concurrency` workers over `transport` for `warmup + duration` and counts the calls
 /// answered during `duration`. `phase` keeps tool_use_ids distinct across loops on one run.
 pub(crate) async fn closed_loop(
-    target: &Target,
-    channels: &[Channel],
+    transport: &Transport,
     phase: &str,
     concurrency: usize,
     warmup: Duration,
@@ -178,8 +238,7 @@ pub(crate) async fn closed_loop(
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::with_capacity(concurrency);
     for worker in 0..concurrency {
-        let mut client = AgentServiceClient::new(channels[worker % channels.len()].clone());
-        let target = target.clone();
+        let mut caller = transport.caller(worker);
         let tally = Arc::clone(&tally);
         let stop = Arc::clone(&stop);
         let prefix = format!("{phase}-{worker}-");
@@ -187,8 +246,7 @@ pub(crate) async fn closed_loop(
             let mut sequence: u64 = 0;
             while !stop.load(Ordering::Relaxed) {
                 sequence += 1;
-                let outcome =
-                    call(&mut client, target.request(format!("{prefix}{sequence}"))).await;
+                let outcome = caller.call(format!("{prefix}{sequence}")).await;
                 tally.record(outcome);
             }
         }));
@@ -276,12 +334,12 @@ struct Timed {
 }
 
 /// Sends calls at `rate` per second for `warmup + duration` on a fixed timetable, spreading them
-/// over `channels`, and measures each from its scheduled time. A dedicated thread paces the
+/// over `transport`'s connections, and measures each from its scheduled time. A dedicated thread paces the
 /// sends (thread sleeps are precise to tens of microseconds; the runtime's timer works in
 /// milliseconds); the calls themselves run on the runtime.
 pub(crate) async fn open_loop(
-    target: &Target,
-    channels: &[Channel],
+    transport: &Transport,
+    phase: &str,
     rate: u32,
     warmup: Duration,
     duration: Duration,
@@ -291,12 +349,8 @@ pub(crate) async fn open_loop(
     let warmup_calls = calls_in(warmup, rate);
     let total_calls = warmup_calls + calls_in(duration, rate);
     let runtime = tokio::runtime::Handle::current();
-    let clients: Vec<AgentServiceClient<Channel>> = channels
-        .iter()
-        .cloned()
-        .map(AgentServiceClient::new)
-        .collect();
-    let pacer_target = target.clone();
+    let transport = transport.clone();
+    let prefix = format!("{phase}-");
     let start = Instant::now() + Duration::from_millis(10);
     let pacer = std::thread::spawn(move || {
         let mut calls = Vec::new();
@@ -310,10 +364,10 @@ pub(crate) async fn open_loop(
                 std::thread::sleep(scheduled - now);
             }
             let send_lag = Instant::now().saturating_duration_since(scheduled);
-            let mut client = clients[slot % clients.len()].clone();
-            let request = pacer_target.request(format!("open-{index}"));
+            let mut caller = transport.caller(slot);
+            let tool_use_id = format!("{prefix}{index}");
             calls.push(runtime.spawn(async move {
-                let outcome = call(&mut client, request).await;
+                let outcome = caller.call(tool_use_id).await;
                 Timed {
                     index,
                     send_lag,
