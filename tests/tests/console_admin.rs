@@ -72,13 +72,14 @@ async fn tool_calling(gateway: &Gateway, tenant: &str) -> pb::FeatureFlag {
         .into_inner()
 }
 
-async fn admin_token_id(gateway: &Gateway) -> String {
+/// The tokens of `tenant` (empty: the admin tokens), as `AdminService.ListTokens` lists them.
+async fn tokens_of(gateway: &Gateway, tenant: &str) -> Vec<pb::TokenInfo> {
     gateway
         .admin()
         .await
         .list_tokens(authed(
             pb::ListTokensRequest {
-                tenant_id: String::new(),
+                tenant_id: tenant.into(),
             },
             &gateway.admin_token,
         ))
@@ -86,6 +87,16 @@ async fn admin_token_id(gateway: &Gateway) -> String {
         .unwrap()
         .into_inner()
         .tokens
+}
+
+/// The admin tokens and acme's.
+async fn token_count(gateway: &Gateway) -> usize {
+    tokens_of(gateway, "").await.len() + tokens_of(gateway, "acme").await.len()
+}
+
+async fn admin_token_id(gateway: &Gateway) -> String {
+    let tokens = tokens_of(gateway, "").await;
+    tokens
         .into_iter()
         .find(|t| t.role == "admin")
         .unwrap()
@@ -121,23 +132,6 @@ async fn list(gateway: &Gateway) -> Vec<pb::SecretInfo> {
         .unwrap()
         .into_inner()
         .secrets
-}
-
-async fn token_count(gateway: &Gateway) -> usize {
-    gateway
-        .admin()
-        .await
-        .list_tokens(authed(
-            pb::ListTokensRequest {
-                tenant_id: String::new(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .tokens
-        .len()
 }
 
 /// The text of the element with `id` (its first text run).
@@ -296,7 +290,16 @@ async fn an_admin_session_sets_up_a_tenant_that_an_agent_can_then_use() {
     assert_eq!(status, 200, "{body}");
     let token = text_of(&body, "new-token");
     assert!(token.starts_with("tg_agent_"), "{token}");
+    let issued = tokens_of(&gateway, "acme").await;
+    let issued = issued.iter().find(|t| t.label == "support bot").unwrap();
     let listing = browser.get("/console/admin/tokens").await;
+    assert!(
+        listing
+            .body
+            .contains(&format!("data-token=\"{}\"", issued.token_id)),
+        "every tenant's tokens are listed: {}",
+        listing.body
+    );
     assert!(!listing.body.contains(&token), "a token is shown once only");
     let run = gateway.open_run(&token, "support", 0).await;
     let result = gateway
@@ -577,21 +580,10 @@ async fn a_revoked_token_stops_working_everywhere_and_bad_token_forms_change_not
     let mut approver = Browser::new(&gateway);
     approver.sign_in(acme.approver()).await;
     let tokens = browser.get("/console/admin/tokens?tenant=acme").await;
-    let id = gateway
-        .admin()
+    let id = tokens_of(&gateway, "acme")
         .await
-        .list_tokens(authed(
-            pb::ListTokensRequest {
-                tenant_id: "acme".into(),
-            },
-            &gateway.admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .tokens
         .into_iter()
-        .find(|t| t.role == "approver")
+        .find(|t| t.role == "approver" && t.tenant_id == "acme")
         .unwrap()
         .token_id;
     assert!(

@@ -552,8 +552,18 @@ async fn tokens_page(
     (status, notice): (StatusCode, Option<Notice>),
 ) -> Page {
     let admin = Admin::new(&app.shared, &signed.caller);
-    let list = admin.list_tokens(tenant).await.map_err(service_problem)?;
     let tenants = admin.list_tenants().await.map_err(service_problem)?;
+    // One tenant's tokens, or every token: the admin tokens (no tenant), then each tenant's.
+    let mut list = admin.list_tokens(tenant).await.map_err(service_problem)?;
+    if tenant.is_empty() {
+        for each in &tenants {
+            let theirs = admin
+                .list_tokens(each.id.as_str())
+                .await
+                .map_err(service_problem)?;
+            list.extend(theirs);
+        }
+    }
     Ok(views::tokens(
         signed,
         &views::TokensView {
