@@ -517,3 +517,72 @@ async fn a_client_link_decides_exactly_its_call_once() {
         .await;
     assert_eq!(decided.state, "approved");
 }
+
+#[tokio::test]
+async fn a_client_link_whose_approval_did_not_run_can_be_used_again() {
+    let log = ExecutionLog::new();
+    let gateway = Gateway::options()
+        .envs(&[
+            ("TOOLGATE_CONSOLE_ENABLED", "true"),
+            (EXECUTION_LOG_ENV, log.path().to_str().unwrap()),
+        ])
+        .start();
+    let acme = Tenant::setup("acme")
+        .tools(&["testkit.transfer"])
+        .policy(CLIENT_APPROVAL)
+        .create(&gateway)
+        .await;
+    let call = suspended(&gateway, &acme.token).await;
+    let link = call.client_approval_url.clone();
+    let client = Browser::new(&gateway);
+
+    // The kill switch is thrown before the end user approves: nothing runs, the call waits,
+    // and the link is not spent.
+    gateway.set_tool_calling("acme", false).await;
+    let refused = client.post(&link, &[("decision", "approve")]).await;
+    assert_eq!(refused.status, 200, "{}", refused.body);
+    assert!(refused.body.contains("still waiting"), "{}", refused.body);
+    assert!(
+        refused.body.contains("id=\"approve\""),
+        "the form is offered again: {}",
+        refused.body
+    );
+    assert!(log.entries().is_empty(), "nothing ran");
+
+    // Switched on again, the same link approves, once.
+    gateway.set_tool_calling("acme", true).await;
+    let approved = client.post(&link, &[("decision", "approve")]).await;
+    assert!(
+        approved
+            .body
+            .contains("Approved: the call ran and ended succeeded"),
+        "{}",
+        approved.body
+    );
+    let again = client.post(&link, &[("decision", "approve")]).await;
+    assert!(again.body.contains("already used"), "{}", again.body);
+    assert_eq!(log.entries().len(), 1, "one execution");
+    // The tenant's audit trail, as the admin pages show it, in chain order.
+    let mut admin = Browser::new(&gateway);
+    admin.sign_in(&gateway.admin_token).await;
+    let trail = admin.get("/console/admin/tenants/acme/audit").await;
+    let kinds: Vec<&str> = trail
+        .body
+        .split("data-kind=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .filter(|kind| kind.starts_with("console."))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "console.client_link_issued",
+            "console.client_link_used",
+            "console.client_link_released",
+            "console.client_link_used"
+        ],
+        "{}",
+        trail.body
+    );
+    assert!(gateway.verify_ledger().await.ok);
+}

@@ -215,6 +215,22 @@ impl<B: Backend> Store for B {
         .finished()
     }
 
+    async fn release_client_link(
+        &self,
+        hash: &str,
+        used_at: Timestamp,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<bool, LedgerError> {
+        let events = events.into_iter().map(PreparedEvent::new).collect();
+        self.submit(OpKind::Console(ConsoleOp::ReleaseLink {
+            hash: hash.to_owned(),
+            used_at,
+            events,
+        }))
+        .await?
+        .finished()
+    }
+
     async fn pending_details(
         &self,
         tenant: &TenantId,

@@ -88,13 +88,22 @@ pub(crate) enum ConsoleOp {
         decision: String,
         events: Vec<PreparedEvent>,
     },
+    /// Makes a link used at `used_at` usable again (its decision did not happen); answers
+    /// whether it did.
+    ReleaseLink {
+        hash: String,
+        used_at: Timestamp,
+        events: Vec<PreparedEvent>,
+    },
 }
 
 impl ConsoleOp {
     /// The audit events the operation appends.
     pub(crate) fn events(&self) -> &[PreparedEvent] {
         match self {
-            ConsoleOp::CreateLink(_, events) | ConsoleOp::UseLink { events, .. } => events,
+            ConsoleOp::CreateLink(_, events)
+            | ConsoleOp::UseLink { events, .. }
+            | ConsoleOp::ReleaseLink { events, .. } => events,
             _ => &[],
         }
     }
@@ -237,6 +246,27 @@ impl<C: Conn> Steps<'_, C> {
                 .bind(at.0)
                 .bind(decision.as_str())
                 .bind(hash.as_str())
+                .execute(self.conn.db())
+                .await
+                .map_err(database("client link"))?;
+                if changed == 1 {
+                    for event in events {
+                        self.append(event).await?;
+                    }
+                }
+                Ok(Reply::Finished(changed == 1))
+            }
+            ConsoleOp::ReleaseLink {
+                hash,
+                used_at,
+                events,
+            } => {
+                let changed = query(
+                    "UPDATE client_links SET used_at = NULL, used_decision = NULL \
+                     WHERE hash = $1 AND used_at = $2",
+                )
+                .bind(hash.as_str())
+                .bind(used_at.0)
                 .execute(self.conn.db())
                 .await
                 .map_err(database("client link"))?;

@@ -395,6 +395,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         events: Vec<NewAuditEvent>,
     ) -> Result<bool, LedgerError>;
 
+    /// Makes a link used at `used_at` usable again, appending `events` with it: its use
+    /// decided nothing (the decision was refused or failed before the invocation was
+    /// resolved). `false` (and nothing written) when the link is not in that state.
+    async fn release_client_link(
+        &self,
+        hash: &str,
+        used_at: Timestamp,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<bool, LedgerError>;
+
     /// Who decided the pending invocation `id` of `tenant` (once decided) and the policies
     /// that suspended it; `None` when there is no such invocation.
     async fn pending_details(

@@ -107,8 +107,35 @@ on_both_backends! {
         let used = store.get_client_link(&link.hash).await.unwrap().unwrap();
         assert_eq!(used.used_at, Some(Timestamp(T0.0 + 500)));
         assert_eq!(used.used_decision.as_deref(), Some("approve"));
+        // A use that decided nothing is released once, by the use it undoes only.
+        assert!(!store
+            .release_client_link(&link.hash, Timestamp(T0.0 + 499), vec![event("console.client_link_released")])
+            .await
+            .unwrap());
+        assert!(store
+            .release_client_link(&link.hash, Timestamp(T0.0 + 500), vec![event("console.client_link_released")])
+            .await
+            .unwrap());
+        assert!(!store
+            .release_client_link(&link.hash, Timestamp(T0.0 + 500), vec![event("console.client_link_released")])
+            .await
+            .unwrap());
+        let released = store.get_client_link(&link.hash).await.unwrap().unwrap();
+        assert_eq!((released.used_at, released.used_decision), (None, None));
+        assert!(store
+            .use_client_link(&link.hash, Timestamp(T0.0 + 700), "reject", vec![event("console.client_link_used")])
+            .await
+            .unwrap());
         let kinds: Vec<String> = events_of(store, "acme").await.into_iter().map(|e| e.kind).skip(before).collect();
-        assert_eq!(kinds, ["console.client_link_issued", "console.client_link_used"]);
+        assert_eq!(
+            kinds,
+            [
+                "console.client_link_issued",
+                "console.client_link_used",
+                "console.client_link_released",
+                "console.client_link_used"
+            ]
+        );
         assert_eq!(store.verify_chains().await.unwrap().first_problem, None, "the chain stays whole");
     }
 }

@@ -142,6 +142,35 @@ pub(crate) async fn show(State(app): State<App>, Path(secret): Path<String>) -> 
     }
 }
 
+/// Makes `link`, used at `used_at`, usable again if its invocation is still pending (audited
+/// `console.client_link_released`); whether it did.
+async fn release(app: &App, link: &ClientLink, used_at: Timestamp) -> bool {
+    let pending = load_view(&app.shared, &link.tenant, &link.invocation_id, false).await;
+    let view = match pending {
+        Ok(Some(view)) if view.row.state == PendingState::Pending => view,
+        _ => return false,
+    };
+    let event = NewAuditEvent {
+        tenant: link.tenant.clone(),
+        kind: "console.client_link_released".to_owned(),
+        run: Some(view.row.run.clone()),
+        tool_call_id: Some(view.row.tool_call_id.clone()),
+        payload: json!({ "link_id": link.id, "invocation_id": link.invocation_id }),
+        at: app.now(),
+    };
+    let store = app.shared.engine.store();
+    match store
+        .release_client_link(&link.hash, used_at, vec![event])
+        .await
+    {
+        Ok(released) => released,
+        Err(error) => {
+            tracing::warn!(link_id = %link.id, %error, "releasing a client link that decided nothing failed");
+            false
+        }
+    }
+}
+
 pub(crate) async fn decide(
     State(app): State<App>,
     Path(secret): Path<String>,
@@ -224,6 +253,12 @@ pub(crate) async fn decide(
             reason,
         })
         .await;
+    // A use that decided nothing (the kill switch is off, or the gateway failed before the
+    // invocation was resolved) must not spend the end user's only link.
+    let released = match &outcome {
+        Ok(ResumeOutcome::FeatureDisabled { .. }) | Err(_) => release(&app, &link, now).await,
+        Ok(_) => false,
+    };
     let notice = match outcome {
         Ok(ResumeOutcome::ClaimLost) => pages::Notice::AlreadyDecided(
             match load_view(&app.shared, &link.tenant, &link.invocation_id, false).await {
@@ -232,15 +267,15 @@ pub(crate) async fn decide(
             },
         ),
         Ok(outcome) => pages::Notice::Outcome(describe(&outcome)),
+        Err(error) if released => pages::Notice::Problem(format!(
+            "{} Nothing was decided: this link can be used again.",
+            crate::status::status(error).message()
+        )),
         Err(error) => return service_problem(error),
     };
+    let state = (!released).then_some("This link has been used.");
     match load_view(&app.shared, &link.tenant, &link.invocation_id, false).await {
-        Ok(Some(view)) => pages::client_link(
-            &view,
-            Some(notice),
-            Some("This link has been used."),
-            app.now(),
-        ),
+        Ok(Some(view)) => pages::client_link(&view, Some(notice), state, app.now()),
         Ok(None) => pages::link_problem(StatusCode::NOT_FOUND, UNKNOWN),
         Err(error) => service_problem(error),
     }
