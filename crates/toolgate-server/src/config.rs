@@ -1620,6 +1620,14 @@ mod tests {
         let reloaded = load(&toml::to_string(&again).unwrap(), &[]).unwrap();
         assert_eq!(reloaded.effective()["engine"], effective["engine"]);
         assert_eq!(reloaded.effective()["server"], effective["server"]);
+
+        // The metrics endpoint is shown as set (an empty table when off), and loads back.
+        assert!(effective["metrics"].as_table().unwrap().is_empty());
+        let with_metrics = load("[metrics]\nlisten = \"127.0.0.1:9464\"", &[]).unwrap();
+        let shown = with_metrics.effective();
+        assert_eq!(shown["metrics"]["listen"].as_str(), Some("127.0.0.1:9464"));
+        let reloaded = load(&toml::to_string(&shown).unwrap(), &[]).unwrap();
+        assert_eq!(reloaded.effective()["metrics"], shown["metrics"]);
     }
 
     #[test]

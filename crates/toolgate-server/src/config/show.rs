@@ -125,6 +125,11 @@ impl Config {
         mcp.insert("allowed_origins".into(), texts(&self.mcp.allowed_origins));
         root.insert("mcp".into(), Value::Table(mcp));
 
+        let mut metrics = Table::new();
+        let listen = self.metrics.listen.map(|address| address.to_string());
+        optional(&mut metrics, "listen", listen.as_deref());
+        root.insert("metrics".into(), Value::Table(metrics));
+
         let mut secrets = Table::new();
         secrets.insert("key_file".into(), path(&self.key_file));
         if self.master_keys.is_some() {
