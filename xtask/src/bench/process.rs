@@ -449,6 +449,8 @@ pub(crate) struct CpuSnapshot {
     at: Instant,
     server: Duration,
     server_threads: BTreeMap<String, (String, Duration)>,
+    /// Context switches of each live server thread, by thread id.
+    server_switches: BTreeMap<String, u64>,
     client: Duration,
     machine_busy: Duration,
 }
@@ -463,6 +465,11 @@ pub(crate) struct CpuUsage {
     pub(crate) client_percent: f64,
     /// All processes, in percent of one core (200% is a saturated 2-core machine).
     pub(crate) machine_percent: f64,
+    /// The server's context switches (voluntary and not), summed over its threads; a thread
+    /// that ended between the snapshots is not counted (tokio's blocking threads come and go).
+    pub(crate) server_switches: u64,
+    /// Server CPU time, in total.
+    pub(crate) server_time: Duration,
 }
 
 impl CpuUsage {
@@ -481,6 +488,7 @@ impl CpuSnapshot {
             at: Instant::now(),
             server: process_cpu(&format!("/proc/{server_pid}/stat"))?,
             server_threads: thread_cpu(server_pid),
+            server_switches: thread_switches(server_pid),
             client: process_cpu("/proc/self/stat")?,
             machine_busy: machine_busy()?,
         })
@@ -512,7 +520,16 @@ impl CpuSnapshot {
             .map(|(name, used)| (name.to_owned(), used))
             .collect();
         server_threads.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let server_switches = self
+            .server_switches
+            .iter()
+            .map(|(tid, later)| {
+                later.saturating_sub(*earlier.server_switches.get(tid).unwrap_or(&0))
+            })
+            .sum();
         CpuUsage {
+            server_switches,
+            server_time: self.server.saturating_sub(earlier.server),
             server_percent: percent(self.server, earlier.server),
             server_threads,
             client_percent: percent(self.client, earlier.client),
@@ -537,6 +554,27 @@ fn thread_cpu(pid: u32) -> BTreeMap<String, (String, Duration)> {
             continue;
         };
         threads.insert(tid, (name.trim().to_owned(), cpu));
+    }
+    threads
+}
+
+/// Each live thread's context switches (voluntary and involuntary), by thread id, from
+/// `/proc/PID/task/TID/status`. Best effort, as [`thread_cpu`].
+fn thread_switches(pid: u32) -> BTreeMap<String, u64> {
+    let mut threads = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return threads;
+    };
+    for entry in entries.flatten() {
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let switches = status
+            .lines()
+            .filter(|line| line.contains("ctxt_switches:"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum();
+        threads.insert(entry.file_name().to_string_lossy().into_owned(), switches);
     }
     threads
 }

@@ -416,6 +416,31 @@ impl Report {
                 let _ = writeln!(out, "\ngateway on PostgreSQL: not measured (no server)");
             }
         }
+        let _ = writeln!(
+            out,
+            "\nper answered call: server CPU and context switches (all its threads)"
+        );
+        let mut targets = vec![
+            ("echo", &self.echo),
+            ("gateway", &self.gateway),
+            ("gateway over MCP", &self.mcp),
+            ("gateway observed", &self.observed),
+        ];
+        if let Some(pg) = &self.postgres {
+            targets.push(("gateway on PostgreSQL", pg));
+        }
+        for (name, figures) in targets {
+            let (closed_cpu, closed_switches) = per_call(&figures.closed.cpu, figures.closed.calls);
+            let (open_cpu, open_switches) = per_call(
+                &figures.open.cpu,
+                figures.open.scheduled - figures.open.failed,
+            );
+            let _ = writeln!(
+                out,
+                "  {name:<22} saturated {closed_cpu:>7.1} µs, {closed_switches:>5.1} switches; at {} calls/s {open_cpu:>7.1} µs, {open_switches:>5.1} switches",
+                o.rate
+            );
+        }
         if !self.sweep.is_empty() {
             let _ = writeln!(out, "\ngateway throughput by concurrency (--sweep)");
             for (concurrency, closed) in &self.sweep {
@@ -545,6 +570,7 @@ fn target_json(figures: &TargetFigures) -> Value {
             "seconds": closed.elapsed.as_secs_f64(),
             "throughput_per_s": closed.throughput(),
             "cpu_percent_of_a_core": cpu_json(&closed.cpu),
+            "per_call": per_call_json(&closed.cpu, closed.calls),
         },
         "open_loop": {
             "rate_per_s": open.rate,
@@ -559,9 +585,27 @@ fn target_json(figures: &TargetFigures) -> Value {
             },
             "client_send_lag_p99_us": micros(open.send_lag_p99),
             "cpu_percent_of_a_core": cpu_json(&open.cpu),
+            "per_call": per_call_json(&open.cpu, open.scheduled - open.failed),
         },
         "peak_rss_kib": figures.peak_rss_kib,
     })
+}
+
+/// The server's CPU time and context switches per answered call.
+fn per_call(cpu: &CpuUsage, calls: u64) -> (f64, f64) {
+    if calls == 0 {
+        return (0.0, 0.0);
+    }
+    let calls = calls as f64;
+    (
+        micros(cpu.server_time) / calls,
+        cpu.server_switches as f64 / calls,
+    )
+}
+
+fn per_call_json(cpu: &CpuUsage, calls: u64) -> Value {
+    let (cpu_us, switches) = per_call(cpu, calls);
+    json!({ "server_cpu_us": cpu_us, "server_context_switches": switches })
 }
 
 fn cpu_json(cpu: &CpuUsage) -> Value {
