@@ -88,8 +88,8 @@ pub(crate) enum ConsoleOp {
         decision: String,
         events: Vec<PreparedEvent>,
     },
-    /// Makes a link used at `used_at` usable again (its decision did not happen); answers
-    /// whether it did.
+    /// Makes a link used at `used_at` usable again (its decision did not happen) while its
+    /// invocation is still pending; answers whether it did.
     ReleaseLink {
         hash: String,
         used_at: Timestamp,
@@ -261,9 +261,13 @@ impl<C: Conn> Steps<'_, C> {
                 used_at,
                 events,
             } => {
+                // Only while the invocation is still pending, checked in the same statement: a
+                // decision made meanwhile (by an approver) keeps the link spent.
                 let changed = query(
                     "UPDATE client_links SET used_at = NULL, used_decision = NULL \
-                     WHERE hash = $1 AND used_at = $2",
+                     WHERE hash = $1 AND used_at = $2 AND EXISTS (SELECT 1 FROM \
+                     pending_invocations p WHERE p.tenant = client_links.tenant \
+                     AND p.id = client_links.invocation_id AND p.state = 'pending')",
                 )
                 .bind(hash.as_str())
                 .bind(used_at.0)

@@ -397,7 +397,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Makes a link used at `used_at` usable again, appending `events` with it: its use
     /// decided nothing (the decision was refused or failed before the invocation was
-    /// resolved). `false` (and nothing written) when the link is not in that state.
+    /// resolved). `false` (and nothing written) when the link is not in that state or its
+    /// invocation is no longer pending.
     async fn release_client_link(
         &self,
         hash: &str,

@@ -70,9 +70,11 @@ impl<'a> Admin<'a> {
 
     pub(crate) async fn create_tenant(&self, id: &str, name: &str) -> Result<Tenant, ServiceError> {
         let id = tenant_id(id)?;
-        let name = match name.trim() {
-            "" => id.to_string(),
-            name => name.to_owned(),
+        // A blank name is the id; any other is kept as given.
+        let name = if name.trim().is_empty() {
+            id.to_string()
+        } else {
+            name.to_owned()
         };
         let tenant = Tenant {
             id,

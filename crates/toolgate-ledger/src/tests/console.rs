@@ -67,7 +67,7 @@ on_both_backends! {
             hash: format!("{:0>64}", "link"),
             id: "cl_1".to_owned(),
             tenant: acme.clone(),
-            invocation_id: "pi_1".to_owned(),
+            invocation_id: "pend-c-link".to_owned(),
             created_at: T0,
             expires_at: Timestamp(T0.0 + 1_000),
             used_at: None,
@@ -81,6 +81,11 @@ on_both_backends! {
             payload: json!({ "link_id": "cl_1" }),
             at: T0,
         };
+        // The link's invocation: a call waiting for a decision.
+        store
+            .record_call(waiting_call("acme", "c-link", None))
+            .await
+            .unwrap();
         let before = events_of(store, "acme").await.len();
         store
             .create_client_link(link.clone(), vec![event("console.client_link_issued")])
@@ -136,6 +141,17 @@ on_both_backends! {
                 "console.client_link_used"
             ]
         );
+        // Once the invocation is decided, the use that decided it is never given back.
+        assert!(store
+            .resolve_pending(decide("c-link", 1, false, "alice"))
+            .await
+            .unwrap());
+        assert!(!store
+            .release_client_link(&link.hash, Timestamp(T0.0 + 700), vec![event("console.client_link_released")])
+            .await
+            .unwrap());
+        let spent = store.get_client_link(&link.hash).await.unwrap().unwrap();
+        assert_eq!(spent.used_at, Some(Timestamp(T0.0 + 700)));
         assert_eq!(store.verify_chains().await.unwrap().first_problem, None, "the chain stays whole");
     }
 }

@@ -141,7 +141,10 @@ async fn create_tenant(State(app): State<App>, headers: HeaderMap, body: Body) -
     let (signed, fields) = app.signed_post(&headers, Role::Admin, body).await?;
     let admin = Admin::new(&app.shared, &signed.caller);
     match admin
-        .create_tenant(field(&fields, "tenant_id").trim(), field(&fields, "name"))
+        .create_tenant(
+            field(&fields, "tenant_id").trim(),
+            field(&fields, "name").trim(),
+        )
         .await
     {
         Ok(created) => {

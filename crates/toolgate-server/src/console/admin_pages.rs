@@ -265,11 +265,19 @@ pub(crate) fn kill_switch(
     )
 }
 
-/// The line an error message names (`at line L, column C`), if any.
+/// The line an error message names, if any: the first `at line L, column C` in it (the
+/// policy's id comes before it and may hold any text, so nothing looser is taken).
 fn error_line(message: &str) -> Option<usize> {
-    let rest = &message[message.find("line ")? + "line ".len()..];
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
+    message.match_indices("at line ").find_map(|(at, marker)| {
+        let rest = &message[at + marker.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = &rest[digits.len()..];
+        let column = after.strip_prefix(", column ")?;
+        column
+            .starts_with(|c: char| c.is_ascii_digit())
+            .then(|| digits.parse().ok())
+            .flatten()
+    })
 }
 
 /// The text with numbered lines, each error under the line it names.
@@ -329,7 +337,8 @@ pub(crate) fn policy(
             form #policy-form method="post" action=(format!("/console/admin/tenants/{}/policy", tenant.id)) {
                 (csrf_field(signed))
                 label for="policy-text" { "Cedar policy set" }
-                textarea #policy-text name="text" rows="18" spellcheck="false" { (text) }
+                // The parser drops a newline right after the tag: this one, not the text's own.
+                textarea #policy-text name="text" rows="18" spellcheck="false" { "\n" (text) }
                 div.buttons {
                     button.secondary type="submit" name="action" value="validate" #validate { "Validate" }
                     button type="submit" name="action" value="save" #save { "Validate and store" }
@@ -570,4 +579,31 @@ pub(crate) fn audit(signed: &Signed, view: &AuditView) -> Response {
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    #[test]
+    fn errors_are_placed_at_the_line_their_location_names() {
+        let check = |message: &str, expected: Option<usize>| {
+            assert_eq!(error_line(message), expected, "{message}");
+        };
+        check("policy `p` at line 3, column 8: unexpected token", Some(3));
+        check(
+            "the policies do not validate: policy `typo` at line 12, column 41: unrecognized action",
+            Some(12),
+        );
+        // The id is the author's text: a `line` in it is not the location.
+        check("policy `pipeline 7` at line 2, column 1: x", Some(2));
+        check("policy `at line 9` at line 4, column 1: x", Some(4));
+        check(
+            "policy `at line 9, column 1` at line 4, column 1: x",
+            Some(9),
+        );
+        check("the policy set is empty", None);
+        check("at line , column 3", None);
+        check("at line 5 without a column", None);
+    }
 }
