@@ -15,6 +15,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
 from conftest import Gateway, bearer
 from toolgate.v1 import toolgate_pb2 as pb
@@ -237,9 +238,16 @@ def test_a_wrong_token_is_refused_before_mcp(gateway, bound_token):
     )
     assert response.status_code == 403, response.text
 
-    # The SDK surfaces the refusal as an error, never as a session.
-    with pytest.raises(Exception):
+    # The SDK surfaces the refusal as its error for an HTTP error answer (wrapped in its task
+    # groups), never as a session, nor as any other failure.
+    with pytest.raises(BaseException) as refused:
         run_session(gateway, "tg_agent_not-a-token", "legacy", lambda client: client.list_tools())
+    leaves, pending = [], [refused.value]
+    while pending:
+        error = pending.pop()
+        nested = getattr(error, "exceptions", None)
+        pending.extend(nested) if nested else leaves.append(error)
+    assert leaves and all(isinstance(e, MCPError) and "error response" in str(e) for e in leaves), leaves
 
 
 def test_a_browser_origin_and_a_foreign_host_are_refused(gateway, bound_token):
