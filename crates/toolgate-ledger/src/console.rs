@@ -160,6 +160,21 @@ fn database(what: &'static str) -> impl FnOnce(sqlx::Error) -> Fail {
 }
 
 impl<C: Conn> Steps<'_, C> {
+    /// A conditional update's answer: whether it changed the link, with its events appended
+    /// only when it did.
+    async fn append_if_changed(
+        &mut self,
+        changed: u64,
+        events: &[PreparedEvent],
+    ) -> Result<Reply, Fail> {
+        if changed == 1 {
+            for event in events {
+                self.append(event).await?;
+            }
+        }
+        Ok(Reply::Finished(changed == 1))
+    }
+
     pub(crate) async fn console(&mut self, op: &ConsoleOp) -> Result<Reply, Fail> {
         match op {
             ConsoleOp::CreateSession(session) => {
@@ -249,12 +264,7 @@ impl<C: Conn> Steps<'_, C> {
                 .execute(self.conn.db())
                 .await
                 .map_err(database("client link"))?;
-                if changed == 1 {
-                    for event in events {
-                        self.append(event).await?;
-                    }
-                }
-                Ok(Reply::Finished(changed == 1))
+                self.append_if_changed(changed, events).await
             }
             ConsoleOp::ReleaseLink {
                 hash,
@@ -274,12 +284,7 @@ impl<C: Conn> Steps<'_, C> {
                 .execute(self.conn.db())
                 .await
                 .map_err(database("client link"))?;
-                if changed == 1 {
-                    for event in events {
-                        self.append(event).await?;
-                    }
-                }
-                Ok(Reply::Finished(changed == 1))
+                self.append_if_changed(changed, events).await
             }
         }
     }

@@ -142,19 +142,21 @@ pub(crate) async fn show(State(app): State<App>, Path(secret): Path<String>) -> 
     }
 }
 
-/// Makes `link`, used at `used_at`, usable again if its invocation is still pending (audited
-/// `console.client_link_released`); whether it did.
-async fn release(app: &App, link: &ClientLink, used_at: Timestamp) -> bool {
-    let pending = load_view(&app.shared, &link.tenant, &link.invocation_id, false).await;
-    let view = match pending {
-        Ok(Some(view)) if view.row.state == PendingState::Pending => view,
-        _ => return false,
-    };
+/// Makes `link`, used at `used_at` for the invocation `row`, usable again (audited
+/// `console.client_link_released`); whether it did. The ledger gives it back only while the
+/// invocation is still pending, in the same statement, so a decision made meanwhile keeps it
+/// spent.
+async fn release(
+    app: &App,
+    link: &ClientLink,
+    row: &toolgate_ledger::PendingInvocation,
+    used_at: Timestamp,
+) -> bool {
     let event = NewAuditEvent {
         tenant: link.tenant.clone(),
         kind: "console.client_link_released".to_owned(),
-        run: Some(view.row.run.clone()),
-        tool_call_id: Some(view.row.tool_call_id.clone()),
+        run: Some(row.run.clone()),
+        tool_call_id: Some(row.tool_call_id.clone()),
         payload: json!({ "link_id": link.id, "invocation_id": link.invocation_id }),
         at: app.now(),
     };
@@ -256,7 +258,9 @@ pub(crate) async fn decide(
     // A use that decided nothing (the kill switch is off, or the gateway failed before the
     // invocation was resolved) must not spend the end user's only link.
     let released = match &outcome {
-        Ok(ResumeOutcome::FeatureDisabled { .. }) | Err(_) => release(&app, &link, now).await,
+        Ok(ResumeOutcome::FeatureDisabled { .. }) | Err(_) => {
+            release(&app, &link, &view.row, now).await
+        }
         Ok(_) => false,
     };
     let notice = match outcome {
