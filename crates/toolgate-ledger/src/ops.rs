@@ -580,12 +580,13 @@ pub struct WriterStats {
     pub commits: u64,
     /// Write operations answered, successful or not.
     pub ops: u64,
-    /// Batches whose hot operations (calls, finishes, event appends) could not all be written
-    /// together (a repeated `tool_use_id`, a used-up budget, a missing run, ...) and were
-    /// written one by one instead.
+    /// PostgreSQL: batches whose hot operations (calls, finishes, event appends) could not all
+    /// be written together (a repeated `tool_use_id`, a used-up budget, a missing run, ...)
+    /// and were written one by one instead. Always 0 on SQLite, whose writer calls SQLite
+    /// directly and writes every operation statement by statement (no round trips to save).
     pub bulk_fallbacks: u64,
-    /// Hot operations that could not be written in one round trip either and were redone
-    /// statement by statement.
+    /// PostgreSQL: hot operations that could not be written in one round trip either and were
+    /// redone statement by statement. Always 0 on SQLite.
     pub step_by_step: u64,
 }
 

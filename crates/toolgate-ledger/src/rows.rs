@@ -155,7 +155,9 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
                 return false;
             };
             #[cfg(feature = "sqlite")]
-            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                || db.try_downcast_ref::<crate::sqlite::LiteError>().is_some()
+            {
                 // Extended result codes carry the primary code in the low byte.
                 let primary = code.parse::<u32>().map_or(0, |extended| extended & 0xff);
                 // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL,

@@ -136,6 +136,13 @@ impl<'a> Query<'a> {
         row.as_ref().map(decode).transpose()
     }
 
+    /// The statement's text and its parameters, for a driver other than sqlx's (the SQLite
+    /// writer's direct connection).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn parts(&self) -> (&str, &[Param<'a>]) {
+        (self.sql.as_str(), &self.params)
+    }
+
     /// The sqlx query of one backend.
     fn into_sqlx<DB>(self) -> sqlx::query::Query<'a, DB, DB::Arguments>
     where

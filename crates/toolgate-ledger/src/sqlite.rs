@@ -1,5 +1,6 @@
-//! The SQLite ledger: one file in WAL mode, one writer task doing group commit, a small pool of
-//! read-only connections for queries.
+//! The SQLite ledger: one file in WAL mode, one writer thread doing group commit over a
+//! connection that calls SQLite directly, and a small pool of read-only sqlx connections for
+//! queries (and the migrations, run before the writer starts).
 //!
 //! Durability: `synchronous = FULL`, so every COMMIT fsyncs the WAL before any caller of that
 //! batch is answered. (`NORMAL` in WAL mode survives a process crash but may lose the last
@@ -15,12 +16,13 @@
 //! writes, for readers beside the owner (`ledger verify`). Several gateway replicas need the
 //! PostgreSQL backend.
 
-mod bulk;
+mod direct;
 mod files;
 mod owner;
 
-mod statements;
 mod writer;
+
+pub(crate) use direct::LiteError;
 
 #[cfg(test)]
 mod tests;
@@ -29,11 +31,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::ConnectOptions;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{mpsc, oneshot};
 use toolgate_core::AuditKeys;
 
@@ -43,8 +45,10 @@ use crate::error::LedgerError;
 use crate::model::{ToolCallRecord, VerifyReport};
 use crate::ops::{Command, Counters, OpKind, Reply, WriteOp, WriterStats};
 use crate::rows::{call_columns, call_from_row, read_error};
-use crate::sql::query;
+use crate::sql::{Dialect, query};
+use crate::sqlite::direct::LiteConn;
 use crate::sqlite::writer::Writer;
+use crate::steps::SqlConn;
 use crate::verify::VerifyWith;
 
 /// The schema, embedded at compile time.
@@ -52,8 +56,6 @@ static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
 
 /// Writes waiting for the writer before callers wait to enqueue (backpressure).
 const QUEUE_CAPACITY: usize = 4096;
-/// Prepared statements the write connection keeps: every multi-statement shape is one.
-const WRITE_STATEMENT_CACHE: usize = 256;
 /// Read-only connections for queries.
 const READ_CONNECTIONS: u32 = 4;
 /// How long a statement waits for a lock held by another connection.
@@ -186,24 +188,19 @@ impl SqliteStore {
             .filename(path)
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
+        // The migrations run on a sqlx connection, which creates the file in WAL mode; the
+        // writer's own connection (`direct`) is opened once they are done, with the settings
+        // it writes under: `synchronous = FULL`; a 16 MiB page cache for the hot index pages
+        // and a checkpoint every 8000 WAL pages instead of 1000 (measured +20-30% calls/s in
+        // `cargo xtask bench`); savepoint journals in memory (no temporary file per batch);
+        // `secure_delete`, so deleted and overwritten content (a pending call's sealed
+        // arguments after its decision) is zeroed in the file, not left in free space.
         let write_options = shared
             .clone()
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            // A 16 MiB page cache keeps the hot index pages of a busy ledger in memory, and
-            // checkpointing every 8000 WAL pages instead of 1000 moves that copy off most
-            // commits; measured +20-30% calls/s in `cargo xtask bench`.
-            .pragma("cache_size", "-16384")
-            // Every operation runs in a savepoint, whose sub-journal (the original content of
-            // each page it touches) goes to a temporary file by default: a create, writes and
-            // a close per batch. In memory it costs no system calls.
-            .pragma("temp_store", "memory")
-            .pragma("wal_autocheckpoint", "8000")
-            // Deleted and overwritten content is zeroed in the file instead of left in free
-            // space, e.g. a pending call's sealed arguments after its decision.
-            .pragma("secure_delete", "on")
-            .statement_cache_capacity(WRITE_STATEMENT_CACHE);
+            .pragma("secure_delete", "on");
         let display = path.display();
         let mut conn = write_options.connect().await.map_err(|error| {
             LedgerError::Database(format!("could not open ledger {display}: {error}"))
@@ -232,11 +229,16 @@ impl SqliteStore {
                 LedgerError::Database(format!("could not open ledger {display}: {error}"))
             })?;
 
+        conn.close().await.map_err(|error| {
+            LedgerError::Database(format!("could not open ledger {display}: {error}"))
+        })?;
+        let direct = LiteConn::open(path, BUSY_TIMEOUT)?;
+
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         // The lock lives as long as the writer: a store dropped without `close` keeps the file
         // until its queued writes are committed.
-        tokio::spawn(Writer::new(conn, rx, Arc::clone(&counters), lock, keys.clone()).run(gate));
+        Writer::new(direct, rx, Arc::clone(&counters), lock, keys.clone()).spawn(gate)?;
         Ok(SqliteStore {
             writer: Some(tx),
             read,
@@ -283,6 +285,17 @@ impl SqliteStore {
             .await
             .map_err(|_| LedgerError::Closed)?;
         answer.await.map_err(|_| LedgerError::Closed)?
+    }
+}
+
+/// The read connections, for verification.
+impl SqlConn for sqlx::SqliteConnection {
+    type Row = sqlx::sqlite::SqliteRow;
+    type Db<'c> = &'c mut sqlx::SqliteConnection;
+    const DIALECT: Dialect = Dialect::Sqlite;
+
+    fn db(&mut self) -> &mut sqlx::SqliteConnection {
+        self
     }
 }
 

@@ -42,8 +42,8 @@ pub(crate) struct Head {
     pub(crate) hash: String,
 }
 
-/// A backend's write connection, as the step-by-step operations need it.
-pub(crate) trait Conn: Send {
+/// One connection of either backend, statement by statement (what verification reads through).
+pub(crate) trait SqlConn: Send {
     /// Rows outlive the statement's borrow of the connection.
     type Row: SqlRow + Send;
     type Db<'c>: Db<Row = Self::Row>
@@ -52,7 +52,10 @@ pub(crate) trait Conn: Send {
     const DIALECT: Dialect;
 
     fn db(&mut self) -> Self::Db<'_>;
+}
 
+/// A backend's write connection, as the step-by-step operations need it.
+pub(crate) trait Conn: SqlConn {
     /// The head `tenant`'s next event chains from: from `heads` if there, else as the backend
     /// knows it (an error when appending is not possible: no such tenant, a damaged chain).
     fn head(

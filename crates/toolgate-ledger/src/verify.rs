@@ -53,7 +53,7 @@ use crate::error::LedgerError;
 use crate::model::{AuditChain, ChainHead, ChainProblem, ChainProblemKind, VerifyReport};
 use crate::rows::{SqlRow, read_error};
 use crate::sql::{Dialect, query};
-use crate::steps::Conn;
+use crate::steps::SqlConn;
 
 /// What verification reads, on one connection of either backend. Each chain is read between
 /// `begin_snapshot` and `end_snapshot`, so concurrent appends cannot look like damage.
@@ -88,7 +88,7 @@ pub(crate) trait ChainReader {
 }
 
 /// Every backend's connection reads the chains with the same SQL; only the snapshot differs.
-impl<C: Conn> ChainReader for C {
+impl<C: SqlConn> ChainReader for C {
     async fn tenants(&mut self) -> Result<Vec<String>, LedgerError> {
         query(
             "SELECT tenant FROM audit_heads WHERE chain_seq > 0 \

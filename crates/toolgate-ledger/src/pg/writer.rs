@@ -39,7 +39,7 @@ use crate::model::RecordOutcome;
 use crate::ops::{Command, Counters, OpKind, PreparedEvent, Reply, WriteOp};
 use crate::rows::{Fail, SqlFailure, database_error};
 use crate::sql::Dialect;
-use crate::steps::{Conn, Head, Steps};
+use crate::steps::{Conn, Head, SqlConn, Steps};
 
 /// The most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -642,7 +642,7 @@ const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, agent, tool,
      updated_at, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
      $15, $16, $17, $18, $19, $20, $21) ON CONFLICT DO NOTHING RETURNING seq";
 
-impl Conn for PgConnection {
+impl SqlConn for PgConnection {
     type Row = sqlx::postgres::PgRow;
     type Db<'c> = &'c mut PgConnection;
     const DIALECT: Dialect = Dialect::Postgres;
@@ -650,7 +650,9 @@ impl Conn for PgConnection {
     fn db(&mut self) -> &mut PgConnection {
         self
     }
+}
 
+impl Conn for PgConnection {
     /// The batch locked the heads of every chain it appends to; heads exist from a tenant's
     /// creation on, so a missing one means no tenant.
     async fn head(
