@@ -12,11 +12,15 @@
 //!   ledger);
 //! - the same gateway on a PostgreSQL ledger (a fresh schema in the test suite's server,
 //!   `TOOLGATE_TEST_PG_URL` or 127.0.0.1:5432, dropped afterwards), when one answers: the
-//!   closed and open loops again, against a target of 5,000 calls/s with durable commits.
+//!   closed and open loops again, against a target of 8,000 calls/s with durable commits.
 //!
 //! - the same SQLite gateway observed as in production: traces exported over OTLP to a sink in
 //!   its own process (every span, none sampled away) and metrics on; its closed-loop throughput
 //!   must stay within 5% of the unobserved gateway's.
+//!
+//! - the same gateway at offered rates from 500 to 20,000 calls/s (open loop, 3 s each):
+//!   delivered throughput and p50/p99 against offered load, in the table, the JSON and a chart,
+//!   `target/bench/rates.png` (past capacity the gateway refuses calls: counted, not failures);
 //!
 //! - the redactor alone, in-process: a typical call's input and output JSON redacted as the
 //!   engine does (`bench/redaction.rs`), per call.
@@ -58,6 +62,7 @@
 //! Internal: `--no-build` (the parent already built everything), `--echo-server` and
 //! `--otlp-sink` (the trace receiver of the observed phase, `bench/otlp.rs`).
 
+mod chart;
 mod echo;
 mod load;
 mod mcp;
@@ -141,6 +146,9 @@ struct Options {
 
 /// Concurrencies tried by `--sweep`.
 const SWEEP: &[usize] = &[8, 16, 32, 64, 128, 256];
+
+/// The offered rates (calls/s) of the rate sweep: from light load to far past capacity.
+const RATES: &[u32] = &[500, 1_000, 2_000, 5_000, 10_000, 15_000, 20_000];
 
 impl Options {
     fn parse(args: &[String]) -> anyhow::Result<Options> {
@@ -298,6 +306,10 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let (mcp_closed, mcp_open) =
         runtime.block_on(measure_transport(options, &mcp, "mcp-", gateway.pid()))?;
     let mcp_rss = process::peak_rss_kib(gateway.pid())?;
+
+    // The same gateway, ledger and run again, at offered rates from light to overload.
+    println!("\n==> gateway at offered rates (open loop, the same gateway and run)");
+    let rates = runtime.block_on(sweep_rates(options, &gateway_target, gateway.pid()))?;
     let gateway_stderr = gateway.stderr_summary();
     drop(gateway);
 
@@ -348,6 +360,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         },
         startups,
         sweep,
+        rates,
         gateway_stderr,
         observed,
         postgres,
@@ -357,6 +370,12 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let path = target_dir.join("bench").join("results.json");
     report.write_json(&path)?;
     println!("\nwrote {}", path.display());
+    let chart = target_dir.join("bench").join("rates.png");
+    match report.draw_rates(&chart) {
+        Ok(()) => println!("wrote {}", chart.display()),
+        // The figures are in the table and the JSON; only the picture is missing.
+        Err(error) => println!("no chart: {error:#}"),
+    }
     report.check_calls()
 }
 
@@ -464,6 +483,45 @@ async fn measure_transport(
         open.failed
     );
     Ok((closed, open))
+}
+
+/// The gateway's open loop at each offered rate of [`RATES`]: what it delivers, how fast,
+/// and how many calls it refuses once past its capacity (load shedding, not failures of the
+/// benchmark).
+async fn sweep_rates(
+    options: &Options,
+    target: &Target,
+    server_pid: u32,
+) -> anyhow::Result<Vec<OpenLoop>> {
+    let channels = load::connect(&target.url, options.connections).await?;
+    let transport = Transport::Grpc(target.clone(), channels);
+    let (warmup, duration) = if options.quick {
+        (Duration::from_millis(300), Duration::from_secs(1))
+    } else {
+        (Duration::from_secs(1), Duration::from_secs(3))
+    };
+    let mut results = Vec::new();
+    for &rate in RATES {
+        let open = load::open_loop(
+            &transport,
+            &format!("rate{rate}"),
+            rate,
+            warmup,
+            duration,
+            server_pid,
+        )
+        .await?;
+        println!(
+            "  offered {rate:>6}/s: delivered {:>7.0}/s, p50 {:>9.2} ms, p99 {:>9.2} ms, refused {}, gateway CPU {:.0}%",
+            open.delivered(),
+            open.latency.p50.as_secs_f64() * 1e3,
+            open.latency.p99.as_secs_f64() * 1e3,
+            open.failed,
+            open.cpu.server_percent
+        );
+        results.push(open);
+    }
+    Ok(results)
 }
 
 /// The gateway's closed-loop throughput at each concurrency of [`SWEEP`].

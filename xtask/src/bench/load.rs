@@ -286,6 +286,21 @@ pub(crate) struct OpenLoop {
     pub(crate) cpu: CpuUsage,
     /// How late the pacer sent calls, at p99 (the client's own scheduling delay).
     pub(crate) send_lag_p99: Duration,
+    /// From the first measured call's scheduled time to the last measured answer: past the
+    /// server's capacity, answers drain long after the last send.
+    pub(crate) elapsed: Duration,
+}
+
+impl OpenLoop {
+    /// Successful calls per second actually delivered over the measured window.
+    pub(crate) fn delivered(&self) -> f64 {
+        let seconds = self.elapsed.as_secs_f64();
+        if seconds > 0.0 {
+            (self.scheduled - self.failed) as f64 / seconds
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Percentiles of one latency sample.
@@ -404,6 +419,7 @@ pub(crate) async fn open_loop(
         }
         tally.record(timed.outcome);
     }
+    let elapsed = Instant::now().saturating_duration_since(measured_from);
     let (_, failed) = tally.counts();
     Ok(OpenLoop {
         rate,
@@ -413,6 +429,7 @@ pub(crate) async fn open_loop(
         latency: Latency::of(latencies),
         cpu: cpu_end.usage_since(&cpu_start),
         send_lag_p99: Latency::of(send_lags).p99,
+        elapsed,
     })
 }
 
