@@ -3,8 +3,8 @@
 //!
 //! SQLite ([`SqliteStore`], feature `sqlite`) is the embedded default; PostgreSQL
 //! ([`PgStore`], feature `postgres`) serves several gateway replicas sharing one database. Both
-//! features are on by default. On both, all writes of a process go through one writer task that
-//! commits whatever has queued up in a single transaction (group commit), so concurrent callers
+//! features are on by default. On both, all writes of a process go through one writer (a task
+//! on PostgreSQL, a thread of its own calling SQLite directly on SQLite) that commits whatever has queued up in a single transaction (group commit), so concurrent callers
 //! share an fsync without any write being acknowledged before it is durable.
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]

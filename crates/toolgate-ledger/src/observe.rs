@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-/// Receives the writer's observations. Called on the writer task after every batch:
+/// Receives the writer's observations. Called by the writer (SQLite's writer thread, or
+/// PostgreSQL's writer task) after every batch:
 /// implementations must be quick and must not block.
 pub trait LedgerObserver: fmt::Debug + Send + Sync {
     /// The writer finished a batch of `operations` writes in `elapsed`: from taking the batch

@@ -88,6 +88,8 @@ fn draw_on(
         .configure_mesh()
         .x_desc("offered calls/s")
         .y_desc("delivered calls/s")
+        .x_label_formatter(&|rate| format!("{rate:.0}"))
+        .y_label_formatter(&|rate| format!("{rate:.0}"))
         .label_style((FAMILY, 13))
         .draw()?;
     throughput
@@ -145,6 +147,8 @@ fn draw_on(
         .configure_mesh()
         .x_desc("offered calls/s")
         .y_desc("ms")
+        .x_label_formatter(&|rate| format!("{rate:.0}"))
+        .y_label_formatter(&|ms| format!("{ms}"))
         .label_style((FAMILY, 13))
         .draw()?;
     for (name, color, pick) in [
