@@ -98,7 +98,8 @@ pub(crate) enum ConsoleOp {
 }
 
 impl ConsoleOp {
-    /// The audit events the operation appends.
+    /// The audit events the operation appends (PostgreSQL's writer locks their chains' heads).
+    #[cfg(feature = "postgres")]
     pub(crate) fn events(&self) -> &[PreparedEvent] {
         match self {
             ConsoleOp::CreateLink(_, events)

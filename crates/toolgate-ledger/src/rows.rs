@@ -212,13 +212,19 @@ macro_rules! typed_getters {
 impl SqlRow for sqlx::sqlite::SqliteRow {
     typed_getters!();
     fn flag(&self, column: &str) -> Result<bool, LedgerError> {
-        match self.int(column)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(LedgerError::Corrupt(format!(
-                "column {column}: {other} is not a boolean"
-            ))),
-        }
+        int_flag(column, self.int(column)?)
+    }
+}
+
+/// A boolean SQLite keeps as INTEGER 0/1; anything else is the file's fault.
+#[cfg(feature = "sqlite")]
+pub(crate) fn int_flag(column: &str, value: i64) -> Result<bool, LedgerError> {
+    match value {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(LedgerError::Corrupt(format!(
+            "column {column}: {other} is not a boolean"
+        ))),
     }
 }
 

@@ -77,6 +77,44 @@ pub(crate) trait Conn: SqlConn {
     fn recover(&mut self) -> impl Future<Output = Result<(), Fail>> + Send;
 }
 
+/// The columns of a new call row that both backends insert, in [`bind_call_row`]'s order
+/// (`$1` to `$20`); each backend's statement adds its own column as `$21` (SQLite the call's
+/// `evaluation`, PostgreSQL the `owner` instance).
+macro_rules! call_row_columns {
+    () => {
+        "id, tenant, run, agent, tool, action, tool_use_id, correlation_id, status, args_hash, \
+         input_redacted, output_redacted, error_code, error_text, policy_decision_id, \
+         risk_level, duration_ms, attempts, created_at, updated_at"
+    };
+}
+pub(crate) use call_row_columns;
+
+/// Binds a new call row's [`call_row_columns`], `$1` to `$20`.
+pub(crate) fn bind_call_row<'a>(query: Query<'a>, prepared: &'a PreparedCall) -> Query<'a> {
+    let call = &prepared.call;
+    query
+        .bind(call.id.as_str())
+        .bind(call.tenant.as_str())
+        .bind(call.run.as_str())
+        .bind(call.agent.as_str())
+        .bind(&call.tool)
+        .bind(call.action.as_deref())
+        .bind(call.tool_use_id.as_ref().map(|id| id.as_str()))
+        .bind(call.correlation_id.as_str())
+        .bind(call.status.as_str())
+        .bind(&call.args_hash)
+        .bind(&prepared.input)
+        .bind(prepared.output.as_deref())
+        .bind(call.error_code.map(|code| code.as_str()))
+        .bind(call.error_text.as_deref())
+        .bind(call.policy_decision_id.as_deref())
+        .bind(call.risk_level.map(|risk| risk.as_str()))
+        .bind(call.duration_ms)
+        .bind(call.attempts)
+        .bind(call.created_at.0)
+        .bind(call.updated_at.0)
+}
+
 /// One operation's view of the writer.
 pub(crate) struct Steps<'w, C: Conn> {
     pub(crate) conn: &'w mut C,

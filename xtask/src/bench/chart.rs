@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, anyhow};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
@@ -103,25 +104,8 @@ fn draw_on(
         .iter()
         .map(|point| (point.offered, point.delivered))
         .collect();
-    throughput
-        .draw_series(LineSeries::new(
-            delivered.iter().copied(),
-            BLUE.stroke_width(2),
-        ))?
-        .label("delivered")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE.stroke_width(2)));
-    throughput.draw_series(
-        delivered
-            .iter()
-            .map(|&point| Circle::new(point, 4, BLUE.filled())),
-    )?;
-    throughput
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FAMILY, 13))
-        .border_style(BLACK.mix(0.3))
-        .background_style(WHITE.mix(0.9))
-        .draw()?;
+    plot(&mut throughput, "delivered", BLUE, &delivered)?;
+    legend(&mut throughput)?;
 
     let max_latency = points
         .iter()
@@ -163,16 +147,35 @@ fn draw_on(
             .iter()
             .map(|point| (point.offered, pick(point).max(min_latency)))
             .collect();
-        latency
-            .draw_series(LineSeries::new(line.iter().copied(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-        latency.draw_series(
-            line.iter()
-                .map(|&point| Circle::new(point, 4, color.filled())),
-        )?;
+        plot(&mut latency, name, color, &line)?;
     }
-    latency
+    legend(&mut latency)?;
+    Ok(())
+}
+
+/// One measured series: a line through its points, marked, with its legend entry.
+fn plot<'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    name: &str,
+    color: RGBColor,
+    line: &[(f64, f64)],
+) -> DrawResult {
+    chart
+        .draw_series(LineSeries::new(line.iter().copied(), color.stroke_width(2)))?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    chart.draw_series(
+        line.iter()
+            .map(|&point| Circle::new(point, 4, color.filled())),
+    )?;
+    Ok(())
+}
+
+/// The legend box, top left.
+fn legend<'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+) -> DrawResult {
+    chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
         .label_font((FAMILY, 13))

@@ -38,8 +38,8 @@ use crate::error::LedgerError;
 use crate::model::RecordOutcome;
 use crate::ops::{Command, Counters, OpKind, PreparedEvent, Reply, WriteOp};
 use crate::rows::{Fail, SqlFailure, database_error};
-use crate::sql::Dialect;
-use crate::steps::{Conn, Head, SqlConn, Steps};
+use crate::sql::{Dialect, query};
+use crate::steps::{Conn, Head, SqlConn, Steps, bind_call_row, call_row_columns};
 
 /// The most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -636,11 +636,12 @@ fn link(
 
 /// The call row with its owner. `ON CONFLICT DO NOTHING`: a repeated `tool_use_id` is found
 /// without aborting the transaction.
-const INSERT_CALL: &str = "INSERT INTO tool_calls (id, tenant, run, agent, tool, \
-     action, tool_use_id, correlation_id, status, args_hash, input_redacted, output_redacted, \
-     error_code, error_text, policy_decision_id, risk_level, duration_ms, attempts, created_at, \
-     updated_at, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-     $15, $16, $17, $18, $19, $20, $21) ON CONFLICT DO NOTHING RETURNING seq";
+const INSERT_CALL: &str = concat!(
+    "INSERT INTO tool_calls (",
+    call_row_columns!(),
+    ", owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+     $17, $18, $19, $20, $21) ON CONFLICT DO NOTHING RETURNING seq"
+);
 
 impl SqlConn for PgConnection {
     type Row = sqlx::postgres::PgRow;
@@ -671,28 +672,7 @@ impl Conn for PgConnection {
         prepared: &crate::ops::PreparedCall,
         owner: Option<i64>,
     ) -> Result<bool, sqlx::Error> {
-        let call = &prepared.call;
-        let row = sqlx::query(INSERT_CALL)
-            .bind(call.id.as_str())
-            .bind(call.tenant.as_str())
-            .bind(call.run.as_str())
-            .bind(call.agent.as_str())
-            .bind(&call.tool)
-            .bind(call.action.as_deref())
-            .bind(call.tool_use_id.as_ref().map(|id| id.as_str()))
-            .bind(call.correlation_id.as_str())
-            .bind(call.status.as_str())
-            .bind(&call.args_hash)
-            .bind(&prepared.input)
-            .bind(prepared.output.as_deref())
-            .bind(call.error_code.map(|code| code.as_str()))
-            .bind(call.error_text.as_deref())
-            .bind(call.policy_decision_id.as_deref())
-            .bind(call.risk_level.map(|risk| risk.as_str()))
-            .bind(call.duration_ms)
-            .bind(call.attempts)
-            .bind(call.created_at.0)
-            .bind(call.updated_at.0)
+        let row = bind_call_row(query(INSERT_CALL), prepared)
             .bind(owner)
             .fetch_optional(&mut *self)
             .await?;

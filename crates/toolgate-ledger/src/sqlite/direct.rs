@@ -26,9 +26,9 @@ use sqlx::error::{DatabaseError, ErrorKind};
 use crate::chain::GENESIS_HASH;
 use crate::error::LedgerError;
 use crate::ops::PreparedCall;
-use crate::rows::{Fail, SqlRow, call_columns, read_failure};
+use crate::rows::{Fail, SqlRow, int_flag, read_failure};
 use crate::sql::{Db, Dialect, Param, Query, query};
-use crate::steps::{Conn, Head, SqlConn};
+use crate::steps::{Conn, Head, SqlConn, bind_call_row, call_row_columns};
 
 /// Prepared statements the connection keeps: every statement the writer runs has its own text,
 /// and there are fewer than this many.
@@ -37,9 +37,9 @@ const STATEMENT_CACHE: usize = 256;
 /// The call row, as every path of the writer inserts it.
 const INSERT_CALL: &str = concat!(
     "INSERT INTO tool_calls (",
-    call_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-     $19, $20, $21)"
+    call_row_columns!(),
+    ", evaluation) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+     $16, $17, $18, $19, $20, $21)"
 );
 
 /// The write connection of a ledger file.
@@ -223,29 +223,8 @@ impl Conn for LiteConn {
         prepared: &PreparedCall,
         _owner: Option<i64>,
     ) -> Result<bool, sqlx::Error> {
-        let call = &prepared.call;
-        query(INSERT_CALL)
-            .bind(call.id.as_str())
-            .bind(call.tenant.as_str())
-            .bind(call.run.as_str())
-            .bind(call.agent.as_str())
-            .bind(&call.tool)
-            .bind(call.action.as_deref())
-            .bind(call.tool_use_id.as_ref().map(|id| id.as_str()))
-            .bind(call.correlation_id.as_str())
-            .bind(call.status.as_str())
-            .bind(&call.args_hash)
-            .bind(&prepared.input)
-            .bind(prepared.output.as_deref())
-            .bind(call.error_code.map(|code| code.as_str()))
-            .bind(call.error_text.as_deref())
-            .bind(call.policy_decision_id.as_deref())
-            .bind(call.risk_level.map(|risk| risk.as_str()))
-            .bind(call.duration_ms)
-            .bind(call.attempts)
-            .bind(call.evaluation)
-            .bind(call.created_at.0)
-            .bind(call.updated_at.0)
+        bind_call_row(query(INSERT_CALL), prepared)
+            .bind(prepared.call.evaluation)
             .execute(&mut *self)
             .await
             .map(|_| true)
@@ -361,13 +340,7 @@ impl SqlRow for LiteRow {
 
     /// Booleans are INTEGER 0/1.
     fn flag(&self, column: &str) -> Result<bool, LedgerError> {
-        match self.int(column)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(LedgerError::Corrupt(format!(
-                "column {column}: {other} is not a boolean"
-            ))),
-        }
+        int_flag(column, self.int(column)?)
     }
 }
 
