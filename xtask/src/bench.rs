@@ -12,7 +12,8 @@
 //!   ledger);
 //! - the same gateway on a PostgreSQL ledger (a fresh schema in the test suite's server,
 //!   `TOOLGATE_TEST_PG_URL` or 127.0.0.1:5432, dropped afterwards), when one answers: the
-//!   closed and open loops again, against a target of 8,000 calls/s with durable commits.
+//!   closed and open loops again, against a target of 8,000 calls/s with durable commits
+//!   (metrics on, for its ledger figures below);
 //!
 //! - the same SQLite gateway observed as in production: traces exported over OTLP to a sink in
 //!   its own process (every span, none sampled away) and metrics on; its closed-loop throughput
@@ -29,7 +30,9 @@
 //! and context switches per answered call (saturated and at the fixed rate), latency p50/p99 at a
 //! fixed offered rate (open loop, measured from each call's scheduled send time so a slow answer
 //! cannot hide the calls queued behind it), the gateway's peak RSS after the load, and the median
-//! time from spawn to a SERVING health check on a fresh database. They are printed as a table
+//! time from spawn to a SERVING health check on a fresh database; for each gateway serving
+//! metrics, its ledger commits per call (SQLite: WAL fsyncs) and batch sizes in each loop
+//! (`bench/scrape.rs`). They are printed as a table
 //! with PASS/MISS against the budget and written to `target/bench/results.json`. A missed target
 //! never fails the command; a broken setup or a failed call does.
 //!
@@ -71,6 +74,7 @@ mod postgres;
 mod process;
 mod redaction;
 mod report;
+mod scrape;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -82,7 +86,7 @@ use anyhow::{Context as _, bail};
 use crate::bench::load::{ClosedLoop, OpenLoop, Target, Transport};
 use crate::bench::mcp::McpClient;
 use crate::bench::process::{Gateway, StartupSample};
-use crate::bench::report::{Report, TargetFigures};
+use crate::bench::report::{LedgerPhases, Report, TargetFigures};
 
 /// Builds the gateway measured: release, with the `testkit` connectors, and without the AWS
 /// connector, which the benchmark never calls: the AWS SDK alone takes about 40 minutes to
@@ -283,8 +287,8 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     println!("\n==> echo server (the floor)");
     let echo = process::spawn_echo(&own_binary)?;
     let echo_target = Target::echo(&echo.url);
-    let (echo_closed, echo_open) =
-        runtime.block_on(measure_target(options, &echo_target, echo.pid()))?;
+    let (echo_closed, echo_open, _) =
+        runtime.block_on(measure_target(options, &echo_target, echo.pid(), None))?;
     let echo_rss = process::peak_rss_kib(echo.pid())?;
     drop(echo);
 
@@ -296,15 +300,24 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let (gateway_closed, gateway_open) =
-        runtime.block_on(measure_target(options, &gateway_target, gateway.pid()))?;
+    let (gateway_closed, gateway_open, gateway_ledger) = runtime.block_on(measure_target(
+        options,
+        &gateway_target,
+        gateway.pid(),
+        gateway.metrics_url(),
+    ))?;
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
 
     // The same gateway, ledger and run, called as MCP clients call it.
     println!("\n==> gateway over MCP (tools/call at /mcp, the same gateway and run)");
     let mcp = Transport::Mcp(Arc::new(McpClient::new(&gateway_target)?));
-    let (mcp_closed, mcp_open) =
-        runtime.block_on(measure_transport(options, &mcp, "mcp-", gateway.pid()))?;
+    let (mcp_closed, mcp_open, _) = runtime.block_on(measure_transport(
+        options,
+        &mcp,
+        "mcp-",
+        gateway.pid(),
+        None,
+    ))?;
     let mcp_rss = process::peak_rss_kib(gateway.pid())?;
 
     // The same gateway, ledger and run again, at offered rates from light to overload.
@@ -347,16 +360,19 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             closed: echo_closed,
             open: echo_open,
             peak_rss_kib: echo_rss,
+            ledger: None,
         },
         gateway: TargetFigures {
             closed: gateway_closed,
             open: gateway_open,
             peak_rss_kib: gateway_rss,
+            ledger: gateway_ledger,
         },
         mcp: TargetFigures {
             closed: mcp_closed,
             open: mcp_open,
             peak_rss_kib: mcp_rss,
+            ledger: None,
         },
         startups,
         sweep,
@@ -394,7 +410,8 @@ async fn measure_observed(
     ];
     let gateway = Gateway::start(gateway_binary, None, true, &env)?;
     let target = gateway.prepare().await?;
-    let (closed, open) = measure_target(options, &target, gateway.pid()).await?;
+    let (closed, open, ledger) =
+        measure_target(options, &target, gateway.pid(), gateway.metrics_url()).await?;
     let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
     drop(gateway);
     drop(sink);
@@ -402,6 +419,7 @@ async fn measure_observed(
         closed,
         open,
         peak_rss_kib,
+        ledger,
     })
 }
 
@@ -414,15 +432,17 @@ async fn measure_postgres(
 ) -> anyhow::Result<TargetFigures> {
     let schema = format!("toolgate_bench_{}", std::process::id());
     println!("\n==> gateway on PostgreSQL (schema {schema})");
-    let gateway = Gateway::start(gateway_binary, Some((url, &schema)), options.metrics, &[])?;
+    let gateway = Gateway::start(gateway_binary, Some((url, &schema)), true, &[])?;
     let result = async {
         let target = gateway.prepare().await?;
-        let (closed, open) = measure_target(options, &target, gateway.pid()).await?;
+        let (closed, open, ledger) =
+            measure_target(options, &target, gateway.pid(), gateway.metrics_url()).await?;
         let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
         Ok::<_, anyhow::Error>(TargetFigures {
             closed,
             open,
             peak_rss_kib,
+            ledger,
         })
     }
     .await;
@@ -436,20 +456,26 @@ async fn measure_target(
     options: &Options,
     target: &Target,
     server_pid: u32,
-) -> anyhow::Result<(ClosedLoop, OpenLoop)> {
+    metrics_url: Option<&str>,
+) -> anyhow::Result<(ClosedLoop, OpenLoop, Option<LedgerPhases>)> {
     let channels = load::connect(&target.url, options.connections).await?;
     let transport = Transport::Grpc(target.clone(), channels);
-    measure_transport(options, &transport, "", server_pid).await
+    measure_transport(options, &transport, "", server_pid, metrics_url).await
 }
 
 /// The closed loop, then the open loop, over one transport; `phase` prefixes the calls'
-/// tool_use_ids (distinct per transport on one run, so none is a replay).
+/// tool_use_ids (distinct per transport on one run, so none is a replay). With the server's
+/// `metrics_url`, also what each loop's calls cost its ledger (commits and batch sizes, from
+/// scrapes before and after each, warm-up included).
 async fn measure_transport(
     options: &Options,
     transport: &Transport,
     phase: &str,
     server_pid: u32,
-) -> anyhow::Result<(ClosedLoop, OpenLoop)> {
+    metrics_url: Option<&str>,
+) -> anyhow::Result<(ClosedLoop, OpenLoop, Option<LedgerPhases>)> {
+    let scrape = || metrics_url.map(scrape::scrape).transpose();
+    let before_closed = scrape()?;
     let closed = load::closed_loop(
         transport,
         &format!("{phase}closed"),
@@ -466,6 +492,7 @@ async fn measure_transport(
         closed.cpu.server_percent,
         closed.cpu.client_percent
     );
+    let before_open = scrape()?;
     let open = load::open_loop(
         transport,
         &format!("{phase}open"),
@@ -482,7 +509,26 @@ async fn measure_transport(
         open.latency.p99.as_micros(),
         open.failed
     );
-    Ok((closed, open))
+    let after_open = scrape()?;
+    let ledger = match (before_closed, before_open, after_open) {
+        (Some(a), Some(b), Some(c)) => {
+            let phases = LedgerPhases {
+                closed: a.until(&b),
+                open: b.until(&c),
+            };
+            for (name, writes) in [("closed loop", &phases.closed), ("open loop", &phases.open)] {
+                println!(
+                    "  ledger, {name}: {:.2} commits per call, {:.1} writes per commit ({})",
+                    writes.commits_per_call(),
+                    writes.mean_batch(),
+                    writes.distribution()
+                );
+            }
+            Some(phases)
+        }
+        _ => None,
+    };
+    Ok((closed, open, ledger))
 }
 
 /// The gateway's open loop at each offered rate of [`RATES`]: what it delivers, how fast,

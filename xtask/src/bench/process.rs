@@ -26,6 +26,9 @@ const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The line the gateway prints once it listens, followed by its address.
 const GATEWAY_ANNOUNCEMENT: &str = "toolgate listening on ";
 
+/// The line it prints before that one when it serves metrics, followed by their URL.
+const METRICS_ANNOUNCEMENT: &str = "toolgate metrics on ";
+
 /// The tenant, agent and tool the benchmark drives.
 const TENANT: &str = "bench";
 const AGENT: &str = "bench-agent";
@@ -119,6 +122,8 @@ pub(crate) fn spawn_sink(binary: &Path) -> anyhow::Result<EchoServer> {
 pub(crate) struct Gateway {
     guard: ChildGuard,
     url: String,
+    /// `http://127.0.0.1:PORT/metrics` when it serves metrics.
+    metrics_url: Option<String>,
     dir: tempfile::TempDir,
 }
 
@@ -138,12 +143,42 @@ impl Gateway {
             .tempdir()
             .context("cannot create a temporary directory")?;
         let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database, metrics, env)?;
-        let address = wait_for_announcement(&mut guard, GATEWAY_ANNOUNCEMENT, "the gateway")?;
+        let stdout = guard
+            .child
+            .stdout
+            .take()
+            .context("the gateway's stdout is not piped")?;
+        let announced = watch_stdout(stdout, &[METRICS_ANNOUNCEMENT, GATEWAY_ANNOUNCEMENT]);
+        let mut metrics_url = None;
+        let deadline = Instant::now() + ANNOUNCE_TIMEOUT;
+        let address = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match announced.recv_timeout(left) {
+                Ok((METRICS_ANNOUNCEMENT, url, _)) => metrics_url = Some(url),
+                Ok((_, address, _)) => break address,
+                Err(_) => {
+                    guard.check_running("the gateway")?;
+                    bail!(
+                        "the gateway did not announce its address within {} s",
+                        ANNOUNCE_TIMEOUT.as_secs()
+                    )
+                }
+            }
+        };
+        if metrics && metrics_url.is_none() {
+            bail!("the gateway was asked to serve metrics but did not say where");
+        }
         Ok(Gateway {
             guard,
             url: format!("http://{address}"),
+            metrics_url,
             dir,
         })
+    }
+
+    /// Where it serves its metrics, when started with them.
+    pub(crate) fn metrics_url(&self) -> Option<&str> {
+        self.metrics_url.as_deref()
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -325,9 +360,9 @@ fn wait_for_announcement(
         .stdout
         .take()
         .context("the child's stdout is not piped")?;
-    let announced = watch_stdout(stdout, prefix);
+    let announced = watch_stdout(stdout, &[prefix]);
     match announced.recv_timeout(ANNOUNCE_TIMEOUT) {
-        Ok((address, _)) => Ok(address),
+        Ok((_, address, _)) => Ok(address),
         Err(_) => {
             guard.check_running(what)?;
             bail!(
@@ -338,13 +373,20 @@ fn wait_for_announcement(
     }
 }
 
-/// Sends the text after `prefix` (and when it was read) once a line starting with it appears.
-fn watch_stdout(stdout: ChildStdout, prefix: &'static str) -> mpsc::Receiver<(String, Instant)> {
+/// An announcement: its prefix, the text after it, and when it was read.
+type Announcement = (&'static str, String, Instant);
+
+/// Sends each line starting with one of `prefixes` (which prefix, the text after it, when it
+/// was read), in the order they appear.
+fn watch_stdout(stdout: ChildStdout, prefixes: &[&'static str]) -> mpsc::Receiver<Announcement> {
+    let prefixes = prefixes.to_vec();
     let (sender, receiver) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix(prefix) {
-                let _ = sender.send((rest.trim().to_owned(), Instant::now()));
+            for &prefix in &prefixes {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    let _ = sender.send((prefix, rest.trim().to_owned(), Instant::now()));
+                }
             }
         }
     });
@@ -387,7 +429,7 @@ pub(crate) async fn time_startup(binary: &Path, metrics: bool) -> anyhow::Result
         .stdout
         .take()
         .context("the gateway's stdout is not piped")?;
-    let announced = watch_stdout(stdout, GATEWAY_ANNOUNCEMENT);
+    let announced = watch_stdout(stdout, &[GATEWAY_ANNOUNCEMENT]);
     let mut client: Option<HealthClient<Channel>> = None;
     let healthy = loop {
         if spawned.elapsed() > LIMIT {
@@ -415,7 +457,7 @@ pub(crate) async fn time_startup(binary: &Path, metrics: bool) -> anyhow::Result
     let announced = announced
         .try_recv()
         .ok()
-        .map(|(_, at)| at.duration_since(spawned));
+        .map(|(_, _, at)| at.duration_since(spawned));
     drop(guard);
     println!(
         "  healthy after {:.1} ms (announced after {})",

@@ -12,6 +12,7 @@ use crate::bench::chart::{self, SweepPoint};
 use crate::bench::load::{ClosedLoop, Latency, OpenLoop};
 use crate::bench::process::{CpuUsage, StartupSample};
 use crate::bench::redaction::RedactionFigures;
+use crate::bench::scrape::LedgerWrites;
 
 /// Everything one run measured.
 #[derive(Debug)]
@@ -54,6 +55,15 @@ pub(crate) struct TargetFigures {
     pub(crate) closed: ClosedLoop,
     pub(crate) open: OpenLoop,
     pub(crate) peak_rss_kib: u64,
+    /// What its ledger wrote in each loop, when the target served metrics.
+    pub(crate) ledger: Option<LedgerPhases>,
+}
+
+/// A gateway's ledger commits and batch sizes in the closed and the open loop.
+#[derive(Debug)]
+pub(crate) struct LedgerPhases {
+    pub(crate) closed: LedgerWrites,
+    pub(crate) open: LedgerWrites,
 }
 
 /// Above this much CPU used by other processes (percent of a core) the figures are flagged.
@@ -462,6 +472,35 @@ impl Report {
                 o.rate
             );
         }
+        let _ = writeln!(
+            out,
+            "\nper call: ledger commits (on SQLite each one fsync of the WAL) and writes per commit, from the gateway's metrics"
+        );
+        let mut measured = vec![
+            ("gateway", &self.gateway),
+            ("gateway observed", &self.observed),
+        ];
+        if let Some(pg) = &self.postgres {
+            measured.push(("gateway on PostgreSQL", pg));
+        }
+        for (name, figures) in measured {
+            let Some(ledger) = &figures.ledger else {
+                let _ = writeln!(out, "  {name:<22} not measured (no metrics served)");
+                continue;
+            };
+            for (phase, writes) in [
+                ("saturated", &ledger.closed),
+                (&*format!("at {} calls/s", o.rate), &ledger.open),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "  {name:<22} {phase:<16} {:>5.2} commits per call, {:>6.1} writes per commit; batches of {}",
+                    writes.commits_per_call(),
+                    writes.mean_batch(),
+                    writes.distribution()
+                );
+            }
+        }
         if !self.sweep.is_empty() {
             let _ = writeln!(out, "\ngateway throughput by concurrency (--sweep)");
             for (concurrency, closed) in &self.sweep {
@@ -659,6 +698,10 @@ fn target_json(figures: &TargetFigures) -> Value {
             "per_call": per_call_json(&open.cpu, open.scheduled - open.failed),
         },
         "peak_rss_kib": figures.peak_rss_kib,
+        "ledger": figures.ledger.as_ref().map(|ledger| json!({
+            "closed_loop": ledger.closed.to_json(),
+            "open_loop": ledger.open.to_json(),
+        })),
     })
 }
 
