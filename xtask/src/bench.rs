@@ -558,12 +558,14 @@ async fn sweep_rates(
         )
         .await?;
         println!(
-            "  offered {rate:>6}/s: delivered {:>7.0}/s, p50 {:>9.2} ms, p99 {:>9.2} ms, refused {}, gateway CPU {:.0}%",
+            "  offered {rate:>6}/s: delivered {:>7.0}/s, p50 {:>9.2} ms, p99 {:>9.2} ms, refused {}, gateway CPU {:.0}%, client CPU {:.0}%, send lag p99 {:.1} ms",
             open.delivered(),
             open.latency.p50.as_secs_f64() * 1e3,
             open.latency.p99.as_secs_f64() * 1e3,
             open.failed,
-            open.cpu.server_percent
+            open.cpu.server_percent,
+            open.cpu.client_percent,
+            open.send_lag_p99.as_secs_f64() * 1e3
         );
         results.push(open);
     }

@@ -522,12 +522,15 @@ impl Report {
                 let (cpu, switches) = per_call(&open.cpu, open.scheduled - open.failed);
                 let _ = writeln!(
                     out,
-                    "  offered {:>6}/s: delivered {:>7.0}/s, p50 {:>9.2} ms, p99 {:>9.2} ms, refused {:>6}, {cpu:>6.1} µs CPU and {switches:>4.1} switches per call",
+                    "  offered {:>6}/s: delivered {:>7.0}/s, p50 {:>9.2} ms, p99 {:>9.2} ms, refused {:>6}, {cpu:>6.1} µs CPU and {switches:>4.1} switches per call; gateway {:>3.0}%, client {:>3.0}%, other {:>3.0}% of a core",
                     open.rate,
                     open.delivered(),
                     open.latency.p50.as_secs_f64() * 1e3,
                     open.latency.p99.as_secs_f64() * 1e3,
                     open.failed,
+                    open.cpu.server_percent,
+                    open.cpu.client_percent,
+                    open.cpu.others_percent(),
                 );
             }
         }
