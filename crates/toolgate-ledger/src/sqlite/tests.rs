@@ -265,6 +265,59 @@ async fn a_refused_write_in_a_batch_is_undone_alone() {
     assert_eq!(report.events_checked, 9);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_alone_in_its_batch_leaves_nothing_behind() {
+    let db = seeded(Backend::Sqlite, 10).await;
+    db.store()
+        .record_call(new_call("acme", "run-1", "call-0", None))
+        .await
+        .unwrap();
+    let before = db.store().verify_chains().await.unwrap();
+    // The call row, the budget, the decision and the first event (moving the chain's head)
+    // are written; then the second event, of a tenant that does not exist, is refused. Alone
+    // in its batch, the write runs without a savepoint: the whole transaction is undone, the
+    // writer's cached head with it.
+    let mut refused = new_call("acme", "run-1", "call-1", None);
+    refused
+        .events
+        .push(event("ghost", "tool_call.requested", "run-1", "call-1"));
+    let (db, answers, stats) = one_batch(db, vec![record(refused)]).await;
+    assert!(
+        matches!(&answers[0], Answer::Recorded(Err(message)) if message.contains("tenant ghost")),
+        "{:?}",
+        answers[0]
+    );
+    assert_eq!((stats.commits, stats.ops), (0, 1));
+
+    let acme = tenant_id("acme");
+    assert_eq!(
+        db.store()
+            .get_tool_call(&acme, &call_id("call-1"))
+            .await
+            .unwrap(),
+        None
+    );
+    let run = db
+        .store()
+        .get_run(&acme, &run_id("run-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(run.calls_used, 1);
+    let after = db.store().verify_chains().await.unwrap();
+    assert_eq!(after.first_problem, None);
+    assert_eq!(after.events_checked, before.events_checked);
+
+    // The next write chains from the head on disk, not from the undone one.
+    db.store()
+        .record_call(new_call("acme", "run-1", "call-2", None))
+        .await
+        .unwrap();
+    let last = db.store().verify_chains().await.unwrap();
+    assert_eq!(last.first_problem, None);
+    assert_eq!(last.events_checked, before.events_checked + 1);
+}
+
 // --- triggers ----------------------------------------------------------------------------------
 
 #[tokio::test]

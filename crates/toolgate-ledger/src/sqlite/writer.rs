@@ -7,7 +7,7 @@
 //! code shared with PostgreSQL (`crate::steps`), each in its own savepoint, so a refused
 //! operation (a repeated `tool_use_id`, a used-up budget, a missing run) is undone alone and
 //! answered precisely while the rest of its batch commits. Operations run in the order they
-//! were queued.
+//! were queued. A batch of a single operation needs no savepoint: the transaction is its own.
 //!
 //! The thread runs the writer's loop on a current-thread Tokio runtime with no drivers: the
 //! queue is a Tokio channel, whose waker unparks the thread when a write arrives; nothing
@@ -175,6 +175,9 @@ impl Writer {
                 format!("could not begin a transaction: {error}"),
             ));
         }
+        if let [op] = ops {
+            return self.run_alone(op).await;
+        }
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
             match self.run_op(op).await {
@@ -194,7 +197,52 @@ impl Writer {
         Ok(results)
     }
 
-    /// One operation, atomic on its own.
+    /// A batch of one operation (most batches under light load): the transaction is the
+    /// operation's own, so it needs no savepoint (whose sub-journal copies every page the
+    /// operation changes); a refusal rolls the whole transaction back instead, and nothing is
+    /// committed.
+    async fn run_alone(
+        &mut self,
+        op: &OpKind,
+    ) -> Result<Vec<Result<Reply, LedgerError>>, LedgerError> {
+        let mut steps = self.steps();
+        let result = steps.apply(op).await;
+        let undo = steps.undo;
+        match result {
+            Ok(reply) => {
+                for (tenant, _) in undo {
+                    self.moved_heads.insert(tenant);
+                }
+                if let Err(error) = self.commit().await {
+                    self.abandon();
+                    return Err(error);
+                }
+                self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                Ok(vec![Ok(reply)])
+            }
+            Err(Fail::Op(error)) => {
+                if self.conn.in_transaction()
+                    && let Err(failure) = self.conn.control("ROLLBACK")
+                {
+                    self.abandon();
+                    return Err(database_error(
+                        &failure,
+                        format!("could not roll back a refused write: {failure}"),
+                    ));
+                }
+                for (tenant, head) in undo.into_iter().rev() {
+                    self.heads.insert(tenant, head);
+                }
+                Ok(vec![Err(error)])
+            }
+            Err(Fail::Fatal(error)) => {
+                self.abandon();
+                Err(error)
+            }
+        }
+    }
+
+    /// One operation of a larger batch, atomic on its own.
     async fn run_op(&mut self, op: &OpKind) -> Result<Reply, Fail> {
         match op {
             // One write statement, atomic by itself.
