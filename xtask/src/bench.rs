@@ -26,8 +26,9 @@
 //! - the redactor alone, in-process: a typical call's input and output JSON redacted as the
 //!   engine does (`bench/redaction.rs`), per call.
 //!
-//! Figures: closed-loop throughput of each (and the ratio gateway/echo), the server's CPU time
-//! and context switches per answered call (saturated and at the fixed rate), latency p50/p99 at a
+//! Figures: closed-loop throughput of each (and the ratio gateway/echo), the server's CPU time,
+//! context switches, storage bytes written and write system calls per answered call
+//! (saturated and at the fixed rate), latency p50/p99 at a
 //! fixed offered rate (open loop, measured from each call's scheduled send time so a slow answer
 //! cannot hide the calls queued behind it), the gateway's peak RSS after the load, and the median
 //! time from spawn to a SERVING health check on a fresh database; for each gateway serving

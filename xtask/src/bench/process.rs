@@ -495,6 +495,17 @@ pub(crate) struct CpuSnapshot {
     server_switches: BTreeMap<String, u64>,
     client: Duration,
     machine_busy: Duration,
+    /// The server's I/O accounting, when `/proc/PID/io` is readable.
+    server_io: Option<IoCounters>,
+}
+
+/// From `/proc/PID/io`: bytes the process caused to be written to storage (`write_bytes`:
+/// every page it dirtied, counted again when rewritten) and its write system calls (`syscw`:
+/// files and sockets alike). The process's own, its exited threads included.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IoCounters {
+    pub(crate) storage_bytes: u64,
+    pub(crate) write_calls: u64,
 }
 
 /// CPU use between two snapshots, in percent of one core.
@@ -512,6 +523,8 @@ pub(crate) struct CpuUsage {
     pub(crate) server_switches: u64,
     /// Server CPU time, in total.
     pub(crate) server_time: Duration,
+    /// What the server wrote between the snapshots, when `/proc/PID/io` was readable.
+    pub(crate) server_io: Option<IoCounters>,
 }
 
 impl CpuUsage {
@@ -533,6 +546,7 @@ impl CpuSnapshot {
             server_switches: thread_switches(server_pid),
             client: process_cpu("/proc/self/stat")?,
             machine_busy: machine_busy()?,
+            server_io: process_io(server_pid),
         })
     }
 
@@ -576,8 +590,33 @@ impl CpuSnapshot {
             server_threads,
             client_percent: percent(self.client, earlier.client),
             machine_percent: percent(self.machine_busy, earlier.machine_busy),
+            server_io: match (self.server_io, earlier.server_io) {
+                (Some(later), Some(before)) => Some(IoCounters {
+                    storage_bytes: later.storage_bytes.saturating_sub(before.storage_bytes),
+                    write_calls: later.write_calls.saturating_sub(before.write_calls),
+                }),
+                _ => None,
+            },
         }
     }
+}
+
+/// The I/O accounting of a process; `None` when the kernel does not offer it to this user.
+fn process_io(pid: u32) -> Option<IoCounters> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    parse_io(&text)
+}
+
+fn parse_io(text: &str) -> Option<IoCounters> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+    };
+    Some(IoCounters {
+        storage_bytes: field("write_bytes")?,
+        write_calls: field("syscw")?,
+    })
 }
 
 /// Each live thread's name and CPU time, by thread id. Best effort: a thread may exit between
@@ -662,4 +701,32 @@ fn machine_busy() -> anyhow::Result<Duration> {
 
 fn ticks_to_duration(ticks: u64) -> Duration {
     Duration::from_millis(ticks * (1000 / TICKS_PER_SECOND))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_io_accounting_reads_storage_bytes_and_write_calls() {
+        let text = "rchar: 4521\nwchar: 1233\nsyscr: 12\nsyscw: 7\nread_bytes: 0\nwrite_bytes: 8192\ncancelled_write_bytes: 0\n";
+        let io = parse_io(text).unwrap();
+        assert_eq!((io.storage_bytes, io.write_calls), (8192, 7));
+        assert!(parse_io("rchar: 1\n").is_none());
+    }
+
+    #[test]
+    fn writing_a_file_shows_in_this_process_io() {
+        let Some(before) = process_io(std::process::id()) else {
+            // The kernel does not offer I/O accounting here; the report says so too.
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..5 {
+            std::fs::write(dir.path().join(format!("f{i}")), vec![7u8; 64 * 1024]).unwrap();
+        }
+        let after = process_io(std::process::id()).unwrap();
+        assert!(after.write_calls >= before.write_calls + 5);
+        assert!(after.storage_bytes >= before.storage_bytes + 5 * 64 * 1024);
+    }
 }

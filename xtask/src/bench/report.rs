@@ -449,7 +449,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\nper answered call: server CPU and context switches (all its threads)"
+            "\nper answered call: server CPU and context switches (all its threads); storage bytes it wrote and its write system calls (files and sockets)"
         );
         let mut targets = vec![
             ("echo", &self.echo),
@@ -471,6 +471,17 @@ impl Report {
                 "  {name:<22} saturated {closed_cpu:>7.1} µs, {closed_switches:>5.1} switches; at {} calls/s {open_cpu:>7.1} µs, {open_switches:>5.1} switches",
                 o.rate
             );
+            let answered_open = figures.open.scheduled - figures.open.failed;
+            if let (Some((closed_kib, closed_writes)), Some((open_kib, open_writes))) = (
+                io_per_call(&figures.closed.cpu, figures.closed.calls),
+                io_per_call(&figures.open.cpu, answered_open),
+            ) {
+                let _ = writeln!(
+                    out,
+                    "  {:<22} saturated {closed_kib:>6.1} KiB, {closed_writes:>5.1} writes; at {} calls/s {open_kib:>6.1} KiB, {open_writes:>5.1} writes",
+                    "", o.rate
+                );
+            }
         }
         let _ = writeln!(
             out,
@@ -720,9 +731,29 @@ fn per_call(cpu: &CpuUsage, calls: u64) -> (f64, f64) {
     )
 }
 
+/// Bytes written to storage (KiB) and write system calls per answered call, when the kernel
+/// gave the server's I/O accounting.
+fn io_per_call(cpu: &CpuUsage, calls: u64) -> Option<(f64, f64)> {
+    let io = cpu.server_io?;
+    if calls == 0 {
+        return None;
+    }
+    let calls = calls as f64;
+    Some((
+        io.storage_bytes as f64 / 1024.0 / calls,
+        io.write_calls as f64 / calls,
+    ))
+}
+
 fn per_call_json(cpu: &CpuUsage, calls: u64) -> Value {
     let (cpu_us, switches) = per_call(cpu, calls);
-    json!({ "server_cpu_us": cpu_us, "server_context_switches": switches })
+    let io = io_per_call(cpu, calls);
+    json!({
+        "server_cpu_us": cpu_us,
+        "server_context_switches": switches,
+        "server_storage_kib": io.map(|(kib, _)| kib),
+        "server_write_syscalls": io.map(|(_, calls)| calls),
+    })
 }
 
 fn cpu_json(cpu: &CpuUsage) -> Value {
