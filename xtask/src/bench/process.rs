@@ -143,28 +143,13 @@ impl Gateway {
             .tempdir()
             .context("cannot create a temporary directory")?;
         let mut guard = spawn_gateway(binary, dir.path(), "127.0.0.1:0", database, metrics, env)?;
-        let stdout = guard
-            .child
-            .stdout
-            .take()
-            .context("the gateway's stdout is not piped")?;
-        let announced = watch_stdout(stdout, &[METRICS_ANNOUNCEMENT, GATEWAY_ANNOUNCEMENT]);
-        let mut metrics_url = None;
-        let deadline = Instant::now() + ANNOUNCE_TIMEOUT;
-        let address = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match announced.recv_timeout(left) {
-                Ok((METRICS_ANNOUNCEMENT, url, _)) => metrics_url = Some(url),
-                Ok((_, address, _)) => break address,
-                Err(_) => {
-                    guard.check_running("the gateway")?;
-                    bail!(
-                        "the gateway did not announce its address within {} s",
-                        ANNOUNCE_TIMEOUT.as_secs()
-                    )
-                }
-            }
-        };
+        let (address, earlier) = wait_for_announcements(
+            &mut guard,
+            &[METRICS_ANNOUNCEMENT],
+            GATEWAY_ANNOUNCEMENT,
+            "the gateway",
+        )?;
+        let metrics_url = earlier.into_iter().next().map(|(_, url)| url);
         if metrics && metrics_url.is_none() {
             bail!("the gateway was asked to serve metrics but did not say where");
         }
@@ -355,20 +340,39 @@ fn wait_for_announcement(
     prefix: &'static str,
     what: &str,
 ) -> anyhow::Result<String> {
+    wait_for_announcements(guard, &[], prefix, what).map(|(address, _)| address)
+}
+
+/// Waits for the line starting with `last`, collecting the lines starting with one of
+/// `earlier` that come before it: the text after `last`, and each earlier prefix with its text.
+fn wait_for_announcements(
+    guard: &mut ChildGuard,
+    earlier: &[&'static str],
+    last: &'static str,
+    what: &str,
+) -> anyhow::Result<(String, Vec<(&'static str, String)>)> {
     let stdout = guard
         .child
         .stdout
         .take()
         .context("the child's stdout is not piped")?;
-    let announced = watch_stdout(stdout, &[prefix]);
-    match announced.recv_timeout(ANNOUNCE_TIMEOUT) {
-        Ok((_, address, _)) => Ok(address),
-        Err(_) => {
-            guard.check_running(what)?;
-            bail!(
-                "{what} did not announce its address within {} s",
-                ANNOUNCE_TIMEOUT.as_secs()
-            )
+    let mut prefixes = earlier.to_vec();
+    prefixes.push(last);
+    let announced = watch_stdout(stdout, &prefixes);
+    let deadline = Instant::now() + ANNOUNCE_TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match announced.recv_timeout(left) {
+            Ok((prefix, text, _)) if prefix == last => return Ok((text, seen)),
+            Ok((prefix, text, _)) => seen.push((prefix, text)),
+            Err(_) => {
+                guard.check_running(what)?;
+                bail!(
+                    "{what} did not announce its address within {} s",
+                    ANNOUNCE_TIMEOUT.as_secs()
+                )
+            }
         }
     }
 }

@@ -175,12 +175,17 @@ impl Writer {
                 format!("could not begin a transaction: {error}"),
             ));
         }
-        if let [op] = ops {
-            return self.run_alone(op).await;
-        }
+        // A batch of one operation (most batches under light load) is its own transaction:
+        // no savepoint needed (whose sub-journal copies every page the operation changes).
+        let alone = ops.len() == 1;
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
-            match self.run_op(op).await {
+            let result = if alone {
+                self.run_alone(op).await
+            } else {
+                self.run_op(op).await
+            };
+            match result {
                 Ok(reply) => results.push(Ok(reply)),
                 Err(Fail::Op(error)) => results.push(Err(error)),
                 Err(Fail::Fatal(error)) => {
@@ -188,6 +193,10 @@ impl Writer {
                     return Err(error);
                 }
             }
+        }
+        if alone && results.iter().all(Result::is_err) {
+            // Refused and rolled back already (`run_alone`): nothing to commit.
+            return Ok(results);
         }
         if let Err(error) = self.commit().await {
             self.abandon();
@@ -197,48 +206,26 @@ impl Writer {
         Ok(results)
     }
 
-    /// A batch of one operation (most batches under light load): the transaction is the
-    /// operation's own, so it needs no savepoint (whose sub-journal copies every page the
-    /// operation changes); a refusal rolls the whole transaction back instead, and nothing is
-    /// committed.
-    async fn run_alone(
-        &mut self,
-        op: &OpKind,
-    ) -> Result<Vec<Result<Reply, LedgerError>>, LedgerError> {
+    /// The only operation of its batch, without a savepoint: a refusal rolls the whole
+    /// transaction back (and the chain heads it moved) instead.
+    async fn run_alone(&mut self, op: &OpKind) -> Result<Reply, Fail> {
         let mut steps = self.steps();
         let result = steps.apply(op).await;
         let undo = steps.undo;
         match result {
             Ok(reply) => {
-                for (tenant, _) in undo {
-                    self.moved_heads.insert(tenant);
-                }
-                if let Err(error) = self.commit().await {
-                    self.abandon();
-                    return Err(error);
-                }
-                self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                Ok(vec![Ok(reply)])
+                self.keep_heads(undo);
+                Ok(reply)
             }
             Err(Fail::Op(error)) => {
-                if self.conn.in_transaction()
-                    && let Err(failure) = self.conn.control("ROLLBACK")
-                {
-                    self.abandon();
-                    return Err(database_error(
-                        &failure,
-                        format!("could not roll back a refused write: {failure}"),
-                    ));
+                // SQLite may have rolled the transaction back itself.
+                if self.conn.in_transaction() {
+                    self.control("ROLLBACK")?;
                 }
-                for (tenant, head) in undo.into_iter().rev() {
-                    self.heads.insert(tenant, head);
-                }
-                Ok(vec![Err(error)])
+                self.restore_heads(undo);
+                Err(Fail::Op(error))
             }
-            Err(Fail::Fatal(error)) => {
-                self.abandon();
-                Err(error)
-            }
+            Err(fatal) => Err(fatal),
         }
     }
 
@@ -273,20 +260,30 @@ impl Writer {
         match result {
             Ok(reply) => {
                 self.control("RELEASE op")?;
-                for (tenant, _) in undo {
-                    self.moved_heads.insert(tenant);
-                }
+                self.keep_heads(undo);
                 Ok(reply)
             }
             Err(Fail::Op(error)) => {
                 self.control("ROLLBACK TO op")?;
                 self.control("RELEASE op")?;
-                for (tenant, head) in undo.into_iter().rev() {
-                    self.heads.insert(tenant, head);
-                }
+                self.restore_heads(undo);
                 Err(Fail::Op(error))
             }
             Err(fatal) => Err(fatal),
+        }
+    }
+
+    /// Records the chain heads an operation moved, to be stored at the commit.
+    fn keep_heads(&mut self, undo: Vec<(String, Head)>) {
+        for (tenant, _) in undo {
+            self.moved_heads.insert(tenant);
+        }
+    }
+
+    /// Puts back the chain heads an undone operation moved, latest first.
+    fn restore_heads(&mut self, undo: Vec<(String, Head)>) {
+        for (tenant, head) in undo.into_iter().rev() {
+            self.heads.insert(tenant, head);
         }
     }
 
