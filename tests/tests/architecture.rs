@@ -50,20 +50,10 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("aws-types", &["toolgate-aws"]),
     ("aws-runtime", &["toolgate-aws"]),
     ("aws-sigv4", &["toolgate-aws"]),
-    // Traces: the SDK and the exporter belong to the server, which installs them; the API and
-    // the `tracing` bridge also to the crates whose spans carry context across a boundary (the
-    // engine keeps a suspended call's context, the HTTP client sends it to vendors).
-    ("opentelemetry_sdk", &["toolgate-server"]),
-    ("opentelemetry-otlp", &["toolgate-server"]),
-    ("opentelemetry-proto", &["toolgate-server"]),
-    (
-        "opentelemetry",
-        &["toolgate-server", "toolgate-engine", "toolgate-http"],
-    ),
-    (
-        "tracing-opentelemetry",
-        &["toolgate-server", "toolgate-engine", "toolgate-http"],
-    ),
+    // Traces: the exporter belongs to the server, which records spans and sends them; the
+    // libraries reach a span's context through `toolgate_core::trace` only.
+    ("opentelemetry*", &["toolgate-server"]),
+    ("tracing-opentelemetry", &[]),
     ("tracing-subscriber", &["toolgate-server"]),
     ("prometheus-client", &["toolgate-server"]),
     // The approval console: its routes and its templates.

@@ -16,8 +16,10 @@
 //!   (metrics on, for its ledger figures below);
 //!
 //! - the same SQLite gateway observed as in production: traces exported over OTLP to a sink in
-//!   its own process (every span, none sampled away) and metrics on; its closed-loop throughput
-//!   must stay within 5% of the unobserved gateway's.
+//!   its own process (every span, none sampled away) and metrics on: its closed and open loops,
+//!   and what observing costs, measured on two fresh gateways side by side (one plain, one
+//!   observed) called in alternating windows (`bench/overhead.rs`): the median ratio of their
+//!   throughputs must stay at or above 0.95, and the CPU per call of each is shown.
 //!
 //! - the same gateway at offered rates from 500 to 20,000 calls/s (open loop, 3 s each):
 //!   delivered throughput and p50/p99 against offered load, in the table, the JSON and a chart,
@@ -60,6 +62,7 @@
 //!   (8 to 256), to pick `--concurrency`.
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
+//! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
 //! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
 //!   port), to compare the throughput with metrics on and off.
 //!
@@ -71,6 +74,7 @@ mod echo;
 mod load;
 mod mcp;
 mod otlp;
+mod overhead;
 mod postgres;
 mod process;
 mod redaction;
@@ -146,6 +150,7 @@ struct Options {
     echo_server: bool,
     otlp_sink: bool,
     redaction_only: bool,
+    overhead_only: bool,
     metrics: bool,
 }
 
@@ -173,6 +178,7 @@ impl Options {
             echo_server: false,
             otlp_sink: false,
             redaction_only: false,
+            overhead_only: false,
             metrics: false,
         };
         let mut starts: Option<usize> = None;
@@ -203,6 +209,7 @@ impl Options {
                 "--echo-server" => options.echo_server = true,
                 "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
+                "--overhead-only" => options.overhead_only = true,
                 "--metrics" => options.metrics = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
@@ -223,7 +230,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -273,6 +280,12 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         options.duration.as_secs_f64(),
         options.client_threads
     );
+
+    if options.overhead_only {
+        let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
+        println!("\n{}", overhead.summary());
+        return Ok(());
+    }
 
     println!("\n==> redaction of a typical call (in-process)");
     let redaction = redaction::measure(options.duration.min(Duration::from_secs(3)));
@@ -328,6 +341,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     drop(gateway);
 
     let observed = runtime.block_on(measure_observed(options, &own_binary, &gateway_binary))?;
+    let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
 
     let postgres = match crate::pg::running_server_url() {
         Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
@@ -380,6 +394,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         rates,
         gateway_stderr,
         observed,
+        overhead,
         postgres,
         redaction,
     };
@@ -422,6 +437,34 @@ async fn measure_observed(
         peak_rss_kib,
         ledger,
     })
+}
+
+/// What observing costs: plain and observed gateways side by side in alternating windows
+/// (quick: 3 rounds of 1 s; else 6 rounds of 3 s, each window after its own warm-up).
+async fn measure_overhead(
+    options: &Options,
+    own_binary: &Path,
+    gateway_binary: &Path,
+) -> anyhow::Result<overhead::Overhead> {
+    let (rounds, window, warmup) = if options.quick {
+        (3, Duration::from_secs(1), Duration::from_millis(500))
+    } else {
+        (6, Duration::from_secs(3), Duration::from_secs(1))
+    };
+    println!(
+        "\n==> what observing costs: plain and observed gateways side by side, {rounds} alternating rounds of {} s",
+        window.as_secs()
+    );
+    overhead::measure(
+        own_binary,
+        gateway_binary,
+        rounds,
+        window,
+        warmup,
+        options.concurrency,
+        options.connections,
+    )
+    .await
 }
 
 /// The gateway on a PostgreSQL ledger (a fresh schema, dropped afterwards when `psql` is

@@ -11,6 +11,7 @@ pub mod redact;
 mod registry;
 mod seal;
 mod spec;
+pub mod trace;
 
 pub use audit_key::AuditKeys;
 #[cfg(feature = "testkit")]

@@ -9,14 +9,12 @@
 //! subscribes to them and they cost what a disabled span costs. A span carries names, ids
 //! and codes only, never an argument or a result value.
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
-};
 use std::fmt;
 
 use tracing::Span;
 use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use toolgate_core::trace::SpanContext;
 
 use toolgate_core::{Redactor, ToolCallStatus, ToolName};
 use toolgate_ledger::{PendingInvocation, ToolCallRecord};
@@ -236,43 +234,18 @@ pub(crate) fn record_resume(span: &Span, outcome: &Result<ResumeOutcome, EngineE
     span.record("toolgate.outcome", ended);
 }
 
-/// The W3C `traceparent` of the current span, when an OpenTelemetry layer tracks it (`None`
-/// with traces off). Kept with a pending invocation so the decision can link to the call.
+/// The W3C `traceparent` of the current span, when a trace recorder records it (`None` with
+/// traces off). Kept with a pending invocation so the decision can link to the call.
 pub(crate) fn current_traceparent() -> Option<String> {
-    let context = Span::current().context();
-    let span = context.span();
-    let ids = span.span_context();
-    ids.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            ids.trace_id(),
-            ids.span_id(),
-            ids.trace_flags().to_u8()
-        )
-    })
+    toolgate_core::trace::current().map(|context| context.traceparent())
 }
 
 /// Links the decision's `span` to the call's span `traceparent` names (nothing for `None` or a
 /// value that does not parse).
 pub(crate) fn link_to_call(span: &Span, traceparent: Option<&str>) {
-    if let Some(call) = traceparent.and_then(parse_traceparent) {
-        span.add_link(call);
+    if let Some(call) = traceparent.and_then(|text| SpanContext::from_w3c(text, None)) {
+        toolgate_core::trace::add_link(span, call);
     }
-}
-
-/// `00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`, the version this gateway writes.
-fn parse_traceparent(text: &str) -> Option<SpanContext> {
-    let mut parts = text.split('-');
-    let (version, trace, span, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if version != "00" || parts.next().is_some() || trace.len() != 32 || span.len() != 16 {
-        return None;
-    }
-    let trace = TraceId::from_hex(trace).ok()?;
-    let span = SpanId::from_hex(span).ok()?;
-    let flags = u8::from_str_radix(flags, 16).ok()?;
-    let context = SpanContext::new(trace, span, TraceFlags::new(flags), true, TraceState::NONE);
-    context.is_valid().then_some(context)
 }
 
 #[cfg(test)]
@@ -280,28 +253,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn traceparents_parse_only_in_the_written_shape() {
-        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let parsed = parse_traceparent(valid).unwrap();
-        assert_eq!(
-            parsed.trace_id().to_string(),
-            "4bf92f3577b34da6a3ce929d0e0e4736"
-        );
-        assert_eq!(parsed.span_id().to_string(), "00f067aa0ba902b7");
-        assert!(parsed.is_sampled());
-        for invalid in [
-            "",
-            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-ff",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01",
-            "00-4bf92f35-00f067aa0ba902b7-01",
-        ] {
-            assert!(parse_traceparent(invalid).is_none(), "{invalid}");
-        }
-        // Without an OpenTelemetry layer there is no current trace to keep.
+    fn without_a_trace_recorder_there_is_no_traceparent_to_keep() {
         assert_eq!(current_traceparent(), None);
+        // Linking without a recorder, or to a malformed value, does nothing and does not fail.
+        let span = tracing::info_span!("decision");
+        link_to_call(
+            &span,
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        link_to_call(&span, Some("not a traceparent"));
+        link_to_call(&span, None);
     }
 }

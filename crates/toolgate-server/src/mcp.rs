@@ -57,7 +57,7 @@ struct McpCaller {
     run_header: Option<String>,
     /// The caller's W3C trace context from the `traceparent` header, if it sent one: rmcp may
     /// run the handler on a task of its own, outside the request's span.
-    trace_parent: Option<opentelemetry::Context>,
+    trace_parent: Option<toolgate_core::trace::SpanContext>,
 }
 
 struct Entry {
@@ -119,10 +119,7 @@ async fn enter(State(entry): State<Arc<Entry>>, mut request: Request) -> Respons
             );
         }
     };
-    let trace_parent = request
-        .headers()
-        .contains_key("traceparent")
-        .then(|| crate::telemetry::header_trace_context(request.headers()));
+    let trace_parent = crate::telemetry::header_trace_context(request.headers());
     request.extensions_mut().insert(McpCaller {
         caller,
         run_header,

@@ -3,25 +3,26 @@
 //! OTLP/gRPC when the standard `OTEL_*` variables ask for them.
 //!
 //! The libraries only make `tracing` spans (the engine's `execute_tool` and its children, the
-//! HTTP client's attempts); this module installs the subscriber that formats and exports them,
-//! the W3C trace-context propagator that `grpc.rs` reads incoming `traceparent` headers with
-//! and the HTTP client writes outgoing ones with, and shuts the exporter down (flushing what is
-//! queued) when the gateway stops.
+//! HTTP client's attempts); this module installs the subscriber that formats them and, with
+//! traces on, the recorder (`recorder.rs`) that keeps each span's ids, fields and times and
+//! the exporter (`otlp.rs`) that sends them in batches. `grpc.rs` reads incoming W3C
+//! `traceparent` headers; the HTTP client writes outgoing ones from the recorded context
+//! (`toolgate_core::trace`). The exporter is shut down, flushing what is queued, when the
+//! gateway stops.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
+use std::sync::Arc;
+use std::time::Duration;
 
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 mod grpc;
 mod json;
+mod otlp;
+mod recorder;
 
 pub use grpc::TraceLayer;
 pub(crate) use grpc::header_trace_context;
@@ -49,6 +50,21 @@ pub struct TraceExport {
     pub endpoint: String,
     /// `OTEL_SERVICE_NAME` when set, else `toolgate`.
     pub service_name: String,
+    /// `OTEL_RESOURCE_ATTRIBUTES`: `key=value` pairs describing this gateway.
+    pub resource_attributes: Vec<(String, String)>,
+    /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else `OTEL_EXPORTER_OTLP_HEADERS`: gRPC metadata on
+    /// every export (a collector's API key, say).
+    pub headers: Vec<(String, String)>,
+    /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT` (10 s), capped by
+    /// `OTEL_BSP_EXPORT_TIMEOUT` (30 s): the most one export may take.
+    pub timeout: Duration,
+    /// `OTEL_BSP_SCHEDULE_DELAY` (5 s): how often queued spans are sent.
+    pub schedule_delay: Duration,
+    /// `OTEL_BSP_MAX_QUEUE_SIZE` (2,048): spans kept waiting at most; more are dropped.
+    pub max_queue: usize,
+    /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` (512): spans per export, and the queue length that
+    /// sends at once.
+    pub max_batch: usize,
 }
 
 /// The telemetry settings, read from the environment once at start-up.
@@ -126,26 +142,137 @@ fn trace_export<'a>(
     else {
         return Ok(None);
     };
-    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+    if endpoint.starts_with("https://") {
         return Err(TelemetryError(format!(
-            "OTEL_EXPORTER_OTLP_ENDPOINT must be an http(s) URL such as http://127.0.0.1:4317, got `{endpoint}`"
+            "OTEL_EXPORTER_OTLP_ENDPOINT `{endpoint}`: this build exports over plain http:// only (no TLS to the collector); send to a collector on loopback or a private network"
+        )));
+    }
+    if !endpoint.starts_with("http://") {
+        return Err(TelemetryError(format!(
+            "OTEL_EXPORTER_OTLP_ENDPOINT must be an http URL such as http://127.0.0.1:4317, got `{endpoint}`"
+        )));
+    }
+    match get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION").or(get("OTEL_EXPORTER_OTLP_COMPRESSION")) {
+        None | Some("none") => {}
+        Some(other) => {
+            return Err(TelemetryError(format!(
+                "OTEL_EXPORTER_OTLP_COMPRESSION `{other}` is not supported: toolgate exports uncompressed (`none`)"
+            )));
+        }
+    }
+    let headers_variable = if get("OTEL_EXPORTER_OTLP_TRACES_HEADERS").is_some() {
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    } else {
+        "OTEL_EXPORTER_OTLP_HEADERS"
+    };
+    let otlp_timeout = if get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT").is_some() {
+        millis(get, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", 10_000)?
+    } else {
+        millis(get, "OTEL_EXPORTER_OTLP_TIMEOUT", 10_000)?
+    };
+    let export_timeout = millis(get, "OTEL_BSP_EXPORT_TIMEOUT", 30_000)?;
+    let max_queue = count(get, "OTEL_BSP_MAX_QUEUE_SIZE", 2_048)?;
+    let max_batch = count(get, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)?;
+    if max_batch > max_queue {
+        return Err(TelemetryError(format!(
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE ({max_batch}) must not exceed OTEL_BSP_MAX_QUEUE_SIZE ({max_queue})"
         )));
     }
     Ok(Some(TraceExport {
         endpoint: endpoint.to_owned(),
         service_name: get("OTEL_SERVICE_NAME").unwrap_or("toolgate").to_owned(),
+        resource_attributes: pairs(get, "OTEL_RESOURCE_ATTRIBUTES")?,
+        headers: pairs(get, headers_variable)?,
+        timeout: otlp_timeout.min(export_timeout),
+        schedule_delay: millis(get, "OTEL_BSP_SCHEDULE_DELAY", 5_000)?,
+        max_queue,
+        max_batch,
     }))
+}
+
+/// A duration in milliseconds, above zero.
+fn millis<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    name: &str,
+    default: u64,
+) -> Result<Duration, TelemetryError> {
+    Ok(Duration::from_millis(count(get, name, default)?))
+}
+
+/// A whole number above zero.
+fn count<'a, T: std::str::FromStr + PartialOrd + Default>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    name: &str,
+    default: T,
+) -> Result<T, TelemetryError> {
+    match get(name) {
+        None => Ok(default),
+        Some(text) => match text.parse::<T>() {
+            Ok(value) if value > T::default() => Ok(value),
+            _ => Err(TelemetryError(format!(
+                "{name} must be a whole number above 0, got `{text}`"
+            ))),
+        },
+    }
+}
+
+/// `key=value,key=value` with percent-encoded values (the W3C baggage form the OTLP
+/// variables use).
+fn pairs<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    name: &str,
+) -> Result<Vec<(String, String)>, TelemetryError> {
+    let Some(text) = get(name) else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').ok_or_else(|| {
+                TelemetryError(format!("{name}: `{pair}` is not a key=value pair"))
+            })?;
+            let value = percent_decode(value.trim()).ok_or_else(|| {
+                TelemetryError(format!(
+                    "{name}: the value of `{}` is not valid percent-encoded UTF-8",
+                    key.trim()
+                ))
+            })?;
+            let key = key.trim();
+            if key.is_empty() {
+                return Err(TelemetryError(format!("{name}: `{pair}` has an empty key")));
+            }
+            Ok((key.to_owned(), value))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = text.get(at + 1..at + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The installed subscriber's exporter; [`Telemetry::shutdown`] flushes it.
 #[derive(Debug)]
 pub struct Telemetry {
-    provider: Option<SdkTracerProvider>,
+    exporter: Option<(otlp::Exporter, Duration)>,
 }
 
 impl Telemetry {
     /// Installs the process's subscriber. Must run inside the Tokio runtime when traces are on:
-    /// the OTLP exporter's channel lives on it.
+    /// the exporter runs on it.
     pub fn install(settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
         let filter = tracing_subscriber::EnvFilter::builder()
             .parse(&settings.log_filter)
@@ -167,30 +294,11 @@ impl Telemetry {
                 .with(logs)
                 .try_init()
                 .map_err(|e| TelemetryError(format!("cannot install the log subscriber: {e}")))?;
-            return Ok(Telemetry { provider: None });
+            return Ok(Telemetry { exporter: None });
         };
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(export.endpoint.clone())
-            .build()
-            .map_err(|e| {
-                TelemetryError(format!("cannot export traces to {}: {e}", export.endpoint))
-            })?;
-        let provider = SdkTracerProvider::builder()
-            .with_resource(
-                Resource::builder()
-                    .with_service_name(export.service_name.clone())
-                    .build(),
-            )
-            .with_batch_exporter(exporter)
-            .build();
-        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-        let traces = tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("toolgate"))
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_tracked_inactivity(false)
+        let queue = Arc::new(recorder::SpanQueue::new(export.max_queue, export.max_batch));
+        let exporter = otlp::Exporter::start(export, Arc::clone(&queue))?;
+        let traces = recorder::Recorder::new(queue)
             // Spans only, of toolgate's own crates: events stay log lines, and no library's
             // span can carry what toolgate's do not.
             .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
@@ -202,27 +310,19 @@ impl Telemetry {
             .try_init()
             .map_err(|e| TelemetryError(format!("cannot install the trace subscriber: {e}")))?;
         Ok(Telemetry {
-            provider: Some(provider),
+            exporter: Some((exporter, export.timeout)),
         })
     }
 
     /// Whether spans are exported.
     pub fn traces_on(&self) -> bool {
-        self.provider.is_some()
+        self.exporter.is_some()
     }
 
-    /// Exports what is queued and stops the exporter; waits at most the exporter's timeout.
+    /// Exports what is queued and stops the exporter; waits at most the export timeout.
     pub async fn shutdown(self) {
-        let Some(provider) = self.provider else {
-            return;
-        };
-        // The SDK's shutdown blocks until its export thread is done; that thread's requests
-        // run on this runtime, so it must not hold one of the runtime's threads.
-        let shut = tokio::task::spawn_blocking(move || provider.shutdown()).await;
-        match shut {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "exporting the last traces failed"),
-            Err(error) => tracing::warn!(%error, "stopping the trace exporter failed"),
+        if let Some((exporter, timeout)) = self.exporter {
+            exporter.shutdown(timeout).await;
         }
     }
 }
@@ -328,6 +428,57 @@ mod tests {
     }
 
     #[test]
+    fn the_export_settings_come_from_the_standard_variables() {
+        let defaults = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")])
+            .unwrap()
+            .traces
+            .unwrap();
+        assert_eq!(defaults.timeout, Duration::from_secs(10));
+        assert_eq!(defaults.schedule_delay, Duration::from_secs(5));
+        assert_eq!((defaults.max_queue, defaults.max_batch), (2_048, 512));
+        assert!(defaults.headers.is_empty() && defaults.resource_attributes.is_empty());
+        let set = settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-ignored=1"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "api-key=abc%3D%3D, x-team = blue%20team",
+            ),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "60000"),
+            ("OTEL_BSP_EXPORT_TIMEOUT", "2500"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=prod,service.namespace=agents",
+            ),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+        ])
+        .unwrap()
+        .traces
+        .unwrap();
+        assert_eq!(
+            set.headers,
+            [
+                ("api-key".to_owned(), "abc==".to_owned()),
+                ("x-team".to_owned(), "blue team".to_owned())
+            ]
+        );
+        // The batch processor's limit caps the exporter's.
+        assert_eq!(set.timeout, Duration::from_millis(2_500));
+        assert_eq!(set.schedule_delay, Duration::from_millis(100));
+        assert_eq!((set.max_queue, set.max_batch), (100, 10));
+        assert_eq!(
+            set.resource_attributes,
+            [
+                ("deployment.environment".to_owned(), "prod".to_owned()),
+                ("service.namespace".to_owned(), "agents".to_owned())
+            ]
+        );
+    }
+
+    #[test]
     fn wrong_settings_are_refused_naming_the_variable() {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (&[("TOOLGATE_LOG_FORMAT", "yaml")], "TOOLGATE_LOG_FORMAT"),
@@ -346,6 +497,53 @@ mod tests {
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "127.0.0.1:4317")],
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317")],
+                "no TLS to the collector",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+                ],
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_EXPORTER_OTLP_HEADERS", "api-key"),
+                ],
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k=%zz"),
+                ],
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon"),
+                ],
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+                ],
+                "OTEL_BSP_MAX_QUEUE_SIZE",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+                    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "200"),
+                ],
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
             ),
         ];
         for (env, named) in cases {

@@ -30,6 +30,8 @@ pub(crate) struct Report {
     pub(crate) gateway_stderr: Option<String>,
     /// The SQLite gateway with traces exported and metrics on.
     pub(crate) observed: TargetFigures,
+    /// Plain and observed gateways in alternating windows.
+    pub(crate) overhead: crate::bench::overhead::Overhead,
     /// The gateway on a PostgreSQL ledger, when a server was available.
     pub(crate) postgres: Option<TargetFigures>,
     /// The redactor's cost per typical call.
@@ -112,14 +114,10 @@ impl Report {
         }
     }
 
-    /// The observed gateway's closed-loop throughput over the unobserved one's.
+    /// The observed gateway's closed-loop throughput over the plain one's: the median of the
+    /// alternating rounds (`bench/overhead.rs`).
     fn observed_ratio(&self) -> f64 {
-        let plain = self.gateway.closed.throughput();
-        if plain > 0.0 {
-            self.observed.closed.throughput() / plain
-        } else {
-            0.0
-        }
+        self.overhead.ratio()
     }
 
     fn added(&self, pick: Pick) -> f64 {
@@ -417,16 +415,16 @@ impl Report {
         let observed = &self.observed;
         let _ = writeln!(
             out,
-            "\ngateway, traces exported and metrics on: {:.0} calls/s closed loop ({} failed, gateway CPU {:.0}%), {:.3} of the plain gateway; at {} calls/s p50 {} µs, p99 {} µs ({} failed); peak RSS {:.1} MiB",
+            "\ngateway, traces exported and metrics on: {:.0} calls/s closed loop ({} failed, gateway CPU {:.0}%); at {} calls/s p50 {} µs, p99 {} µs ({} failed); peak RSS {:.1} MiB\n  what observing costs: {}",
             observed.closed.throughput(),
             observed.closed.failed,
             observed.closed.cpu.server_percent,
-            self.observed_ratio(),
             o.rate,
             observed.open.latency.p50.as_micros(),
             observed.open.latency.p99.as_micros(),
             observed.open.failed,
-            kib_to_mib(observed.peak_rss_kib)
+            kib_to_mib(observed.peak_rss_kib),
+            self.overhead.summary()
         );
         match &self.postgres {
             Some(pg) => {
@@ -605,6 +603,7 @@ impl Report {
             "mcp_throughput_ratio": self.mcp_ratio(),
             "gateway_observed": target_json(&self.observed),
             "observed_throughput_ratio": self.observed_ratio(),
+            "observability_cost": self.overhead.json(),
             "gateway_postgres": self.postgres.as_ref().map(target_json),
             "throughput_ratio": self.ratio(),
             "added_latency_us": {
@@ -670,6 +669,7 @@ impl Report {
             + self.mcp.open.failed
             + self.observed.closed.failed
             + self.observed.open.failed
+            + self.overhead.failed()
             + self
                 .postgres
                 .as_ref()

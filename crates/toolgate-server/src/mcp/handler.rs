@@ -17,7 +17,6 @@ use tonic::codegen::http;
 use toolgate_core::{RiskLevel, RunId, ToolCallId, ToolCallStatus, ToolSpec};
 use toolgate_engine::{CreateRun, EngineError, ExecuteOutcome, ExecuteRequest, llm_tool_name};
 use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{McpCaller, mcp_caller};
 use crate::overload::Admission;
@@ -298,13 +297,12 @@ impl rmcp::ServerHandler for Gate {
         let span =
             tracing::debug_span!(target: "toolgate::mcp", "mcp.tools_call", otel.kind = "server");
         if !span.is_disabled() {
-            let parent = request
-                .meta
-                .as_ref()
-                .and_then(|meta| meta_trace_context(&meta.0))
-                .or_else(|| who.trace_parent.clone());
+            let parent = match request.meta.as_ref() {
+                Some(meta) if meta.0.contains_key("traceparent") => meta_trace_context(&meta.0),
+                _ => who.trace_parent.clone(),
+            };
             if let Some(parent) = parent {
-                let _ = span.set_parent(parent);
+                toolgate_core::trace::set_parent(&span, parent);
             }
         }
         let result = async {
@@ -435,20 +433,10 @@ fn rfc3339(millis: i64) -> String {
 }
 
 /// The W3C context in `_meta` (`traceparent`, `tracestate`), if it holds a valid one.
-fn meta_trace_context(meta: &JsonObject) -> Option<opentelemetry::Context> {
-    struct Meta<'a>(&'a JsonObject);
-    impl opentelemetry::propagation::Extractor for Meta<'_> {
-        fn get(&self, key: &str) -> Option<&str> {
-            self.0.get(key).and_then(Value::as_str)
-        }
-        fn keys(&self) -> Vec<&str> {
-            self.0.keys().map(String::as_str).collect()
-        }
-    }
-    meta.get("traceparent")?;
-    Some(opentelemetry::global::get_text_map_propagator(
-        |propagator| propagator.extract(&Meta(meta)),
-    ))
+fn meta_trace_context(meta: &JsonObject) -> Option<toolgate_core::trace::SpanContext> {
+    let traceparent = meta.get("traceparent").and_then(Value::as_str)?;
+    let tracestate = meta.get("tracestate").and_then(Value::as_str);
+    toolgate_core::trace::SpanContext::from_w3c(traceparent, tracestate)
 }
 
 fn caller_of(context: &RequestContext<RoleServer>) -> Result<McpCaller, ErrorData> {

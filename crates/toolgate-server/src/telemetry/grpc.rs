@@ -6,10 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use opentelemetry::propagation::Extractor;
 use tonic::codegen::{Service, http};
+use toolgate_core::trace::SpanContext;
 use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// Wraps the whole gRPC server. The span is at debug level: with traces off and logs at info
 /// nothing subscribes to it, and it costs nothing.
@@ -86,26 +85,16 @@ fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
     if span.is_disabled() {
         return span;
     }
-    // A context without a valid remote span (no or a malformed header) makes this a root.
-    let _ = span.set_parent(header_trace_context(request.headers()));
+    // No or a malformed header makes this span a root.
+    if let Some(parent) = header_trace_context(request.headers()) {
+        toolgate_core::trace::set_parent(&span, parent);
+    }
     span
 }
 
-/// The W3C trace context of `headers` (`traceparent`, `tracestate`), by the global propagator.
-pub(crate) fn header_trace_context(headers: &http::HeaderMap) -> opentelemetry::Context {
-    opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&HeaderExtractor(headers))
-    })
-}
-
-struct HeaderExtractor<'a>(&'a http::HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
+/// The W3C trace context of `headers` (`traceparent`, `tracestate`), when they hold a valid
+/// one.
+pub(crate) fn header_trace_context(headers: &http::HeaderMap) -> Option<SpanContext> {
+    let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    SpanContext::from_w3c(text("traceparent")?, text("tracestate"))
 }

@@ -7,7 +7,6 @@
 
 use std::fmt;
 
-use opentelemetry::trace::TraceContextExt as _;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
@@ -61,14 +60,11 @@ where
     }
 }
 
-/// The OpenTelemetry trace and span ids of the span the event was written in: the OpenTelemetry
-/// layer makes an entered span's context the current one (none when traces are off).
+/// The trace and span ids of the span the event was written in, as the trace recorder keeps
+/// them (none when traces are off).
 fn trace_ids() -> Option<(String, String)> {
-    let context = opentelemetry::Context::current();
-    let otel = context.span();
-    let ids = otel.span_context();
-    ids.is_valid()
-        .then(|| (ids.trace_id().to_string(), ids.span_id().to_string()))
+    toolgate_core::trace::current()
+        .map(|context| (context.trace_id.to_string(), context.span_id.to_string()))
 }
 
 #[derive(Default)]
