@@ -14,11 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
-use bytes::{Buf as _, BufMut as _};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::{NamedService, UnaryService};
 use tonic::transport::server::TcpIncoming;
+use toolgate_proto::raw::RawCodec;
 
 /// The line the sink prints once it accepts connections, followed by its address.
 pub(crate) const ANNOUNCEMENT: &str = "otlp sink listening on ";
@@ -86,7 +85,7 @@ impl Service<http::Request<tonic::body::Body>> for Sink {
             {
                 return Ok(tonic::Status::unimplemented("only Export is served").into_http());
             }
-            let mut grpc = tonic::server::Grpc::new(Raw);
+            let mut grpc = tonic::server::Grpc::new(RawCodec);
             Ok(grpc.unary(Count(received), request).await)
         })
     }
@@ -109,46 +108,6 @@ impl UnaryService<Vec<u8>> for Count {
                 "not an ExportTraceServiceRequest",
             )),
         })
-    }
-}
-
-/// The messages' bytes as they are.
-#[derive(Debug, Clone, Copy)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let mut bytes = vec![0; src.remaining()];
-        src.copy_to_slice(&mut bytes);
-        Ok(Some(bytes))
     }
 }
 

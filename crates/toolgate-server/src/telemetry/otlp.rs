@@ -12,14 +12,13 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf as _, BufMut as _};
 use tokio::sync::watch;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
 use toolgate_core::trace::SpanContext;
+use toolgate_proto::raw::RawCodec;
 
 use super::recorder::{SpanQueue, SpanRecord, StatusCode, Value};
 use super::{TelemetryError, TraceExport};
@@ -136,7 +135,9 @@ impl Batches {
         let sent = match self.client.ready().await {
             Ok(()) => self
                 .client
-                .unary(request, PathAndQuery::from_static(EXPORT), Raw)
+                // The answer only reports spans the collector rejected, which this exporter
+                // would not send again anyway: it is not read.
+                .unary::<_, Vec<u8>, _>(request, PathAndQuery::from_static(EXPORT), RawCodec)
                 .await
                 .map(drop),
             Err(error) => Err(tonic::Status::unavailable(error.to_string())),
@@ -360,47 +361,6 @@ mod wire {
         // One byte is already there; make room for the rest and write the length.
         out.splice(at + 1..at + 1, head[1..size].iter().copied());
         out[at..at + size].copy_from_slice(&head[..size]);
-    }
-}
-
-/// The request's bytes as they are, and the answer unread: the collector's
-/// `ExportTraceServiceResponse` only reports spans it rejected, which this exporter would not
-/// send again anyway.
-#[derive(Debug, Clone, Copy)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = ();
-    type Encoder = Raw;
-    type Decoder = Raw;
-
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = ();
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
-        src.advance(src.remaining());
-        Ok(Some(()))
     }
 }
 
