@@ -63,6 +63,9 @@
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
+//! - `--instructions`: also count the instructions per call of a plain and an observed gateway
+//!   under valgrind's callgrind (`bench/instructions.rs`): what observing adds, independent of
+//!   the machine's load (2,000 calls each; `--quick`: 500).
 //! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
 //!   port), to compare the throughput with metrics on and off.
 //!
@@ -71,6 +74,7 @@
 
 mod chart;
 mod echo;
+mod instructions;
 mod load;
 mod mcp;
 mod otlp;
@@ -151,6 +155,7 @@ struct Options {
     otlp_sink: bool,
     redaction_only: bool,
     overhead_only: bool,
+    instructions: bool,
     metrics: bool,
 }
 
@@ -179,6 +184,7 @@ impl Options {
             otlp_sink: false,
             redaction_only: false,
             overhead_only: false,
+            instructions: false,
             metrics: false,
         };
         let mut starts: Option<usize> = None;
@@ -210,6 +216,7 @@ impl Options {
                 "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
                 "--overhead-only" => options.overhead_only = true,
+                "--instructions" => options.instructions = true,
                 "--metrics" => options.metrics = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
@@ -230,7 +237,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--instructions] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -283,7 +290,12 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     if options.overhead_only {
         let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
+        let instructions =
+            runtime.block_on(measure_instructions(options, &own_binary, &gateway_binary))?;
         println!("\n{}", overhead.summary());
+        if let Some(instructions) = instructions {
+            println!("{}", instructions.summary());
+        }
         return Ok(());
     }
 
@@ -342,6 +354,8 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     let observed = runtime.block_on(measure_observed(options, &own_binary, &gateway_binary))?;
     let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
+    let instructions =
+        runtime.block_on(measure_instructions(options, &own_binary, &gateway_binary))?;
 
     let postgres = match crate::pg::running_server_url() {
         Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
@@ -395,6 +409,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         gateway_stderr,
         observed,
         overhead,
+        instructions,
         postgres,
         redaction,
     };
@@ -465,6 +480,24 @@ async fn measure_overhead(
         options.connections,
     )
     .await
+}
+
+/// With `--instructions`: instructions per call of a plain and an observed gateway.
+async fn measure_instructions(
+    options: &Options,
+    own_binary: &Path,
+    gateway_binary: &Path,
+) -> anyhow::Result<Option<instructions::Instructions>> {
+    if !options.instructions {
+        return Ok(None);
+    }
+    let calls = if options.quick { 500 } else { 2_000 };
+    println!(
+        "\n==> instructions per call under callgrind, plain and observed ({calls} calls each)"
+    );
+    let counted = instructions::measure(own_binary, gateway_binary, calls).await?;
+    println!("  {}", counted.summary());
+    Ok(Some(counted))
 }
 
 /// The gateway on a PostgreSQL ledger (a fresh schema, dropped afterwards when `psql` is

@@ -274,6 +274,40 @@ pub(crate) async fn closed_loop(
     })
 }
 
+/// Exactly `total` calls over `concurrency` workers, each worker taking the next call when its
+/// last one is answered; returns the calls that failed (with the first failure's text).
+pub(crate) async fn fixed_calls(
+    transport: &Transport,
+    phase: &str,
+    concurrency: usize,
+    total: u64,
+) -> anyhow::Result<(u64, Option<String>)> {
+    let tally = Arc::new(Tally::default());
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut workers = Vec::with_capacity(concurrency);
+    for worker in 0..concurrency {
+        let mut caller = transport.caller(worker);
+        let tally = Arc::clone(&tally);
+        let next = Arc::clone(&next);
+        let prefix = format!("{phase}-{worker}-");
+        workers.push(tokio::spawn(async move {
+            loop {
+                let sequence = next.fetch_add(1, Ordering::Relaxed);
+                if sequence >= total {
+                    break;
+                }
+                let outcome = caller.call(format!("{prefix}{sequence}")).await;
+                tally.record(outcome);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.context("a load worker panicked")?;
+    }
+    let (_, failed) = tally.counts();
+    Ok((failed, tally.first_failure()))
+}
+
 /// Latencies measured from each call's scheduled send time, over the measured window.
 #[derive(Debug, Clone)]
 pub(crate) struct OpenLoop {

@@ -32,6 +32,8 @@ pub(crate) struct Report {
     pub(crate) observed: TargetFigures,
     /// Plain and observed gateways in alternating windows.
     pub(crate) overhead: crate::bench::overhead::Overhead,
+    /// With `--instructions`: instructions per call, plain and observed.
+    pub(crate) instructions: Option<crate::bench::instructions::Instructions>,
     /// The gateway on a PostgreSQL ledger, when a server was available.
     pub(crate) postgres: Option<TargetFigures>,
     /// The redactor's cost per typical call.
@@ -426,6 +428,9 @@ impl Report {
             kib_to_mib(observed.peak_rss_kib),
             self.overhead.summary()
         );
+        if let Some(instructions) = &self.instructions {
+            let _ = writeln!(out, "  {}", instructions.summary());
+        }
         match &self.postgres {
             Some(pg) => {
                 let _ = writeln!(
@@ -604,6 +609,12 @@ impl Report {
             "gateway_observed": target_json(&self.observed),
             "observed_throughput_ratio": self.observed_ratio(),
             "observability_cost": self.overhead.json(),
+            "observability_instructions": self.instructions.map(|counted| json!({
+                "calls": counted.calls,
+                "plain_per_call": counted.plain,
+                "observed_per_call": counted.observed,
+                "added": counted.added(),
+            })),
             "gateway_postgres": self.postgres.as_ref().map(target_json),
             "throughput_ratio": self.ratio(),
             "added_latency_us": {

@@ -1,0 +1,152 @@
+//! What observing costs in instructions: the plain and the observed gateway (traces exported
+//! to the sink, metrics on) each run under valgrind's callgrind, which counts the instructions
+//! the gateway executes. A count does not move with the machine's load, unlike time: the same
+//! build, calls and settings give the same figure within a fraction of a percent, so a few
+//! percent of added work shows, where throughput on a shared machine moves by tens of percent.
+//! It counts user-space work only (system calls count as the instructions that make them).
+//!
+//! Each gateway starts under callgrind, is warmed up with calls of its own, then its counters
+//! are zeroed, a fixed number of calls is made, and the counters are dumped
+//! (`callgrind_control`).
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+use crate::bench::load::{self, Transport};
+use crate::bench::process::{self, Gateway};
+
+/// Calls in flight while counting: few, so the gateway is never far behind under valgrind
+/// (about 50 times slower) and no call's timeout comes near.
+const IN_FLIGHT: usize = 8;
+
+/// Instructions per call of the two gateways.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Instructions {
+    pub(crate) calls: u64,
+    pub(crate) plain: f64,
+    pub(crate) observed: f64,
+}
+
+impl Instructions {
+    /// Observed over plain, minus one: the added work.
+    pub(crate) fn added(&self) -> f64 {
+        if self.plain > 0.0 {
+            self.observed / self.plain - 1.0
+        } else {
+            0.0
+        }
+    }
+
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "instructions per call (callgrind, {} calls each, {IN_FLIGHT} in flight): plain {:.0}, traces exported and metrics on {:.0} ({:+.1}%)",
+            self.calls,
+            self.plain,
+            self.observed,
+            self.added() * 100.0
+        )
+    }
+}
+
+/// Counts `calls` calls on each gateway.
+pub(crate) async fn measure(
+    own_binary: &Path,
+    gateway_binary: &Path,
+    calls: u64,
+) -> anyhow::Result<Instructions> {
+    for tool in ["valgrind", "callgrind_control"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !found {
+            bail!("counting instructions needs `{tool}` (Debian's package valgrind)");
+        }
+    }
+    let sink = process::spawn_sink(own_binary)?;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+        ("OTEL_SERVICE_NAME", "toolgate-bench"),
+    ];
+    let plain = count(gateway_binary, false, &[], calls).await?;
+    let observed = count(gateway_binary, true, &env, calls).await?;
+    drop(sink);
+    Ok(Instructions {
+        calls,
+        plain,
+        observed,
+    })
+}
+
+async fn count(
+    gateway_binary: &Path,
+    metrics: bool,
+    env: &[(&str, &str)],
+    calls: u64,
+) -> anyhow::Result<f64> {
+    let dir = tempfile::Builder::new()
+        .prefix("toolgate-callgrind-")
+        .tempdir()
+        .context("cannot create a directory for callgrind's files")?;
+    let out = dir.path().join("callgrind.out");
+    let wrapper = dir.path().join("toolgate-under-callgrind");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file='{}' '{}' \"$@\"\n",
+            out.display(),
+            gateway_binary.display()
+        ),
+    )
+    .context("cannot write the callgrind wrapper")?;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+    let gateway = Gateway::start(&wrapper, None, metrics, env)?;
+    let target = gateway.prepare().await?;
+    let transport = Transport::Grpc(target.clone(), load::connect(&target.url, 1).await?);
+    let (failed, first) = load::fixed_calls(&transport, "warm", IN_FLIGHT, calls / 4).await?;
+    if failed > 0 {
+        bail!("{failed} warm-up calls failed, the first: {first:?}");
+    }
+    control(gateway.pid(), "-z")?;
+    let (failed, first) = load::fixed_calls(&transport, "counted", IN_FLIGHT, calls).await?;
+    if failed > 0 {
+        bail!("{failed} counted calls failed, the first: {first:?}");
+    }
+    control(gateway.pid(), "-d")?;
+    let total = read_dump(dir.path()).await?;
+    drop(gateway);
+    Ok(total as f64 / calls as f64)
+}
+
+fn control(pid: u32, command: &str) -> anyhow::Result<()> {
+    let status = Command::new("callgrind_control")
+        .args([command, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("cannot run callgrind_control")?;
+    if !status.success() {
+        bail!("callgrind_control {command} {pid} failed: {status}");
+    }
+    Ok(())
+}
+
+/// The instruction total of the dump (`callgrind.out.1`), once it is complete.
+async fn read_dump(dir: &Path) -> anyhow::Result<u64> {
+    let dump: PathBuf = dir.join("callgrind.out.1");
+    for _ in 0..100 {
+        if let Ok(text) = std::fs::read_to_string(&dump)
+            && let Some(total) = text
+                .lines()
+                .find_map(|line| line.strip_prefix("totals:"))
+                .and_then(|total| total.trim().parse::<u64>().ok())
+        {
+            return Ok(total);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("callgrind wrote no complete dump at {}", dump.display())
+}
