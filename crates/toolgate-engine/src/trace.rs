@@ -166,6 +166,16 @@ pub(crate) fn record_decision(policy: &Span, call: &Span, decision: &PolicyDecis
     call.record("toolgate.policy_ids", ids.as_str());
 }
 
+/// Awaits `work` while `span` (a child of the current span, made by the caller) measures it,
+/// without entering the span: what runs under a ledger commit or a credential lookup makes no
+/// spans of its own, and an instrumented future enters and leaves its span on every poll and
+/// once more when dropped, each time through the subscriber. The span ends when the work does.
+pub(crate) async fn timed<F: std::future::Future>(span: Span, work: F) -> F::Output {
+    let output = work.await;
+    drop(span);
+    output
+}
+
 /// One ledger commit of a call; `operation` names it (`requested`, `running`, `finish`, ...).
 pub(crate) fn ledger_span(operation: &'static str) -> Span {
     tracing::debug_span!(target: "toolgate::call", "ledger.commit", toolgate.ledger.operation = operation)

@@ -11,7 +11,7 @@ use toolgate_core::{
     AgentId, Decision, ErrorCode, RiskLevel, TenantId, ToolCallId, ToolCallStatus, ToolError,
 };
 use toolgate_ledger::{NewCall, RecordOutcome, SealedAnswer, ToolCallRecord};
-use tracing::{Instrument as _, warn};
+use tracing::warn;
 
 use super::Engine;
 use super::record::outcome_from_record;
@@ -52,16 +52,18 @@ impl Engine {
             let operation = attempt.call.status.as_str();
             let recorded = match observed_evaluation {
                 None => {
-                    self.store
-                        .record_call(attempt)
-                        .instrument(trace::ledger_span(operation))
-                        .await?
+                    trace::timed(
+                        trace::ledger_span(operation),
+                        self.store.record_call(attempt),
+                    )
+                    .await?
                 }
                 Some(observed) => {
-                    self.store
-                        .retry_call(attempt, observed)
-                        .instrument(trace::ledger_span(operation))
-                        .await?
+                    trace::timed(
+                        trace::ledger_span(operation),
+                        self.store.retry_call(attempt, observed),
+                    )
+                    .await?
                 }
             };
             self.announce_events();

@@ -113,10 +113,11 @@ impl Engine {
         }
         let resolved = match &self.secrets {
             Some(source) => {
-                source
-                    .resolve(&call.tenant, &spec.required_secrets)
-                    .instrument(trace::credentials_span(spec.required_secrets.len()))
-                    .await
+                trace::timed(
+                    trace::credentials_span(spec.required_secrets.len()),
+                    source.resolve(&call.tenant, &spec.required_secrets),
+                )
+                .await
             }
             None => Err(SecretError::Unavailable {
                 name: spec.required_secrets[0].clone(),
@@ -245,11 +246,8 @@ impl Engine {
             answer: self.seal_answer(call, &outcome),
             ..finish
         };
-        let finished = self
-            .store
-            .finish_call(finish)
-            .instrument(trace::ledger_span("finish"))
-            .await?;
+        let finished =
+            trace::timed(trace::ledger_span("finish"), self.store.finish_call(finish)).await?;
         self.announce_events();
         if finished {
             return Ok(outcome);
