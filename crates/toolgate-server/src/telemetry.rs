@@ -322,7 +322,8 @@ impl Telemetry {
     /// Exports what is queued and stops the exporter; waits at most the export timeout.
     pub async fn shutdown(self) {
         if let Some((exporter, timeout)) = self.exporter {
-            exporter.shutdown(timeout).await;
+            // What was lost is logged there.
+            let _ = exporter.shutdown(timeout).await;
         }
     }
 }

@@ -34,7 +34,8 @@ const IS_REMOTE: u32 = 0x200;
 #[derive(Debug)]
 pub(crate) struct Exporter {
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// Ends with the number of spans whose export failed.
+    task: tokio::task::JoinHandle<u64>,
     queue: Arc<SpanQueue>,
 }
 
@@ -60,6 +61,7 @@ impl Exporter {
             endpoint: export.endpoint.clone(),
             client: tonic::client::Grpc::new(endpoint.connect_lazy()),
             failing: 0,
+            lost: 0,
         };
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(
@@ -71,15 +73,27 @@ impl Exporter {
         Ok(Exporter { stop, task, queue })
     }
 
-    /// Exports what is queued and stops; waits at most `limit`.
-    pub(crate) async fn shutdown(self, limit: Duration) {
+    /// Exports what is queued and stops; waits at most `limit`. Returns the spans lost to
+    /// failed exports (also logged).
+    pub(crate) async fn shutdown(self, limit: Duration) -> u64 {
         let _ = self.stop.send(true);
         let mut task = self.task;
-        if tokio::time::timeout(limit, &mut task).await.is_err() {
-            task.abort();
+        let lost = match tokio::time::timeout(limit, &mut task).await {
+            Ok(Ok(lost)) => lost,
+            Ok(Err(_)) => 0,
+            Err(_) => {
+                task.abort();
+                tracing::warn!(
+                    queued = self.queue.len(),
+                    "the last traces were not all exported in time"
+                );
+                0
+            }
+        };
+        if lost > 0 {
             tracing::warn!(
-                queued = self.queue.len(),
-                "the last traces were not all exported in time"
+                lost,
+                "spans were lost because the collector did not accept their export"
             );
         }
         let dropped = self.queue.dropped();
@@ -89,6 +103,7 @@ impl Exporter {
                 "spans were dropped because the export queue was full (raise OTEL_BSP_MAX_QUEUE_SIZE or check the collector)"
             );
         }
+        lost
     }
 }
 
@@ -97,7 +112,7 @@ async fn run(
     queue: Arc<SpanQueue>,
     delay: Duration,
     mut stopped: watch::Receiver<bool>,
-) {
+) -> u64 {
     loop {
         let stopping = tokio::select! {
             () = tokio::time::sleep(delay) => false,
@@ -112,7 +127,7 @@ async fn run(
             batches.send(&batch).await;
         }
         if stopping {
-            return;
+            return batches.lost;
         }
     }
 }
@@ -126,6 +141,8 @@ struct Batches {
     client: tonic::client::Grpc<Channel>,
     /// Batches failed in a row (the first failure is logged, and the recovery).
     failing: u64,
+    /// Spans in batches whose export failed, in all.
+    lost: u64,
 }
 
 impl Batches {
@@ -164,6 +181,7 @@ impl Batches {
                     );
                 }
                 self.failing += 1;
+                self.lost += u64::try_from(batch.len()).unwrap_or(u64::MAX);
             }
         }
     }
@@ -556,6 +574,30 @@ mod tests {
         assert_eq!(root.status, None);
         assert_eq!(root.flags, 1 | HAS_IS_REMOTE);
         assert!(root.attributes.is_empty() && root.links.is_empty());
+    }
+
+    /// A collector that is not there: the export fails, the spans are counted lost, and
+    /// shutdown still ends.
+    #[tokio::test]
+    async fn spans_of_a_failed_export_are_counted_lost() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let export = TraceExport {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            timeout: Duration::from_secs(2),
+            ..export()
+        };
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
+        let start = UNIX_EPOCH + Duration::from_secs(1);
+        for _ in 0..3 {
+            queue.push(record(start));
+        }
+        let lost = exporter.shutdown(Duration::from_secs(10)).await;
+        assert_eq!(lost, 3);
+        assert_eq!(queue.len(), 0);
     }
 
     #[test]

@@ -165,7 +165,7 @@ impl SpanQueue {
         }
     }
 
-    fn push(&self, span: SpanRecord) {
+    pub(crate) fn push(&self, span: SpanRecord) {
         let mut spans = self
             .spans
             .lock()
