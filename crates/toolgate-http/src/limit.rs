@@ -117,13 +117,16 @@ impl HostLimits {
     }
 
     /// Waits for a rate token and a concurrency slot for `host`, or fails as throttled when
-    /// the wait would pass `deadline`.
+    /// the wait would leave less than [`SEND_ROOM`] before `deadline`.
     pub(crate) async fn admit(
         &self,
         host: &str,
         deadline: Instant,
     ) -> Result<Admission, HttpError> {
         let state = self.state(host);
+        // The latest moment a wait may end: a request sent in the deadline's last moments
+        // could only time out, and the caller learns sooner that the host is throttled.
+        let last_start = deadline.checked_sub(SEND_ROOM).unwrap_or(deadline);
         let mut rate_waited = Duration::ZERO;
         if let Some(limiter) = &state.limiter {
             let clock = DefaultClock::default();
@@ -132,7 +135,7 @@ impl HostLimits {
                     Ok(()) => break,
                     Err(not_until) => not_until.wait_time_from(clock.now()),
                 };
-                if Instant::now() + wait > deadline {
+                if Instant::now() + wait > last_start {
                     return Err(throttled(host, "rate limit"));
                 }
                 let asleep = Instant::now();
@@ -144,7 +147,7 @@ impl HostLimits {
             None => None,
             Some(permits) => {
                 let acquired =
-                    tokio::time::timeout_at(deadline, Arc::clone(permits).acquire_owned()).await;
+                    tokio::time::timeout_at(last_start, Arc::clone(permits).acquire_owned()).await;
                 match acquired {
                     Ok(Ok(permit)) => Some(permit),
                     Ok(Err(_)) | Err(_) => return Err(throttled(host, "concurrency limit")),
@@ -157,6 +160,9 @@ impl HostLimits {
         })
     }
 }
+
+/// The time a request is left at least after waiting for its host's limits.
+pub(crate) const SEND_ROOM: Duration = Duration::from_millis(100);
 
 fn throttled(host: &str, what: &str) -> HttpError {
     HttpError::new(
