@@ -254,6 +254,9 @@ fn percent_decode(text: &str) -> Option<String> {
     while at < bytes.len() {
         if bytes[at] == b'%' {
             let hex = text.get(at + 1..at + 3)?;
+            if !hex.bytes().all(|digit| digit.is_ascii_hexdigit()) {
+                return None;
+            }
             out.push(u8::from_str_radix(hex, 16).ok()?);
             at += 3;
         } else {
@@ -319,11 +322,11 @@ impl Telemetry {
         self.exporter.is_some()
     }
 
-    /// Exports what is queued and stops the exporter; waits at most the export timeout.
+    /// Exports what is queued and stops the exporter; waits at most twice the export timeout.
     pub async fn shutdown(self) {
         if let Some((exporter, timeout)) = self.exporter {
-            // What was lost is logged there.
-            let _ = exporter.shutdown(timeout).await;
+            // Room for the export under way and the last one; what was lost is logged there.
+            let _ = exporter.shutdown(timeout.saturating_mul(2)).await;
         }
     }
 }
@@ -520,7 +523,7 @@ mod tests {
             (
                 &[
                     ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
-                    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k=%zz"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k=%+A"),
                 ],
                 "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
             ),

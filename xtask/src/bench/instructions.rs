@@ -68,9 +68,12 @@ pub(crate) async fn measure(
         }
     }
     let sink = process::spawn_sink(own_binary)?;
+    // Spans go out every 200 ms: the counting waits out one export before zeroing and
+    // before dumping, so the warm-up's spans are not counted and the counted calls' are.
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
         ("OTEL_SERVICE_NAME", "toolgate-bench"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
     ];
     let plain = count(gateway_binary, false, &[], calls).await?;
     let observed = count(gateway_binary, true, &env, calls).await?;
@@ -97,9 +100,9 @@ async fn count(
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file='{}' '{}' \"$@\"\n",
-            out.display(),
-            gateway_binary.display()
+            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={} {} \"$@\"\n",
+            shell_quoted(&out),
+            shell_quoted(gateway_binary)
         ),
     )
     .context("cannot write the callgrind wrapper")?;
@@ -111,22 +114,39 @@ async fn count(
     if failed > 0 {
         bail!("{failed} warm-up calls failed, the first: {first:?}");
     }
-    control(gateway.pid(), "-z")?;
+    tokio::time::sleep(EXPORT_WAIT).await;
+    control(gateway.pid(), "-z").await?;
     let (failed, first) = load::fixed_calls(&transport, "counted", IN_FLIGHT, calls).await?;
     if failed > 0 {
         bail!("{failed} counted calls failed, the first: {first:?}");
     }
-    control(gateway.pid(), "-d")?;
+    tokio::time::sleep(EXPORT_WAIT).await;
+    control(gateway.pid(), "-d").await?;
     let total = read_dump(dir.path()).await?;
     drop(gateway);
     Ok(total as f64 / calls as f64)
 }
 
-fn control(pid: u32, command: &str) -> anyhow::Result<()> {
-    let status = Command::new("callgrind_control")
-        .args([command, &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .status()
+/// Longer than the observed gateway's export delay, under valgrind.
+const EXPORT_WAIT: Duration = Duration::from_secs(2);
+
+/// `path` in single quotes for `sh`, a quote inside written as `'\''`.
+fn shell_quoted(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', "'\\''"))
+}
+
+/// `callgrind_control COMMAND PID`, off the runtime's threads and given 60 s.
+async fn control(pid: u32, command: &'static str) -> anyhow::Result<()> {
+    let run = tokio::task::spawn_blocking(move || {
+        Command::new("callgrind_control")
+            .args([command, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+    });
+    let status = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .with_context(|| format!("callgrind_control {command} {pid} did not answer in 60 s"))?
+        .context("callgrind_control panicked")?
         .context("cannot run callgrind_control")?;
     if !status.success() {
         bail!("callgrind_control {command} {pid} failed: {status}");
@@ -149,4 +169,21 @@ async fn read_dump(dir: &Path) -> anyhow::Result<u64> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     bail!("callgrind wrote no complete dump at {}", dump.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_quoted_for_the_shell() {
+        assert_eq!(shell_quoted(Path::new("/tmp/a b")), "'/tmp/a b'");
+        assert_eq!(shell_quoted(Path::new("/tmp/it's")), "'/tmp/it'\\''s'");
+        let quoted = shell_quoted(Path::new("/tmp/it's $HOME"));
+        let echoed = Command::new("sh")
+            .args(["-c", &format!("printf %s {quoted}")])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&echoed.stdout), "/tmp/it's $HOME");
+    }
 }

@@ -311,6 +311,13 @@ fn spawn_gateway(
             .env("TOOLGATE_DATABASE_SCHEMA", schema),
         None => command.args(["serve", "--listen", listen, "--database", "toolgate.db"]),
     };
+    // Only what `env` says: an `OTEL_*` variable of the bench's own environment would make
+    // a plain gateway export traces.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("OTEL_") {
+            command.env_remove(name);
+        }
+    }
     let child = command
         .current_dir(dir)
         .env("TOOLGATE_LOG", "warn")

@@ -95,6 +95,44 @@ fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
 /// The W3C trace context of `headers` (`traceparent`, `tracestate`), when they hold a valid
 /// one.
 pub(crate) fn header_trace_context(headers: &http::HeaderMap) -> Option<SpanContext> {
-    let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
-    SpanContext::from_w3c(text("traceparent")?, text("tracestate"))
+    let traceparent = headers.get("traceparent")?.to_str().ok()?;
+    // Several `tracestate` lines are one list (W3C), joined with commas.
+    let states: Vec<&str> = headers
+        .get_all("tracestate")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .collect();
+    let tracestate = (!states.is_empty()).then(|| states.join(","));
+    SpanContext::from_w3c(traceparent, tracestate.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracestate_lines_are_one_list() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            http::HeaderValue::from_static(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        );
+        headers.append(
+            "tracestate",
+            http::HeaderValue::from_static("rojo=00f067aa0ba902b7"),
+        );
+        headers.append(
+            "tracestate",
+            http::HeaderValue::from_static("congo=t61rcWkgMzE"),
+        );
+        let context = header_trace_context(&headers).unwrap();
+        assert_eq!(
+            context.trace_state.as_deref(),
+            Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+        );
+        headers.remove("traceparent");
+        assert_eq!(header_trace_context(&headers), None);
+    }
 }

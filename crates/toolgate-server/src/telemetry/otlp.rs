@@ -10,6 +10,7 @@
 //! each. The tests decode what it writes with the generated messages of the official proto.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -34,8 +35,8 @@ const IS_REMOTE: u32 = 0x200;
 #[derive(Debug)]
 pub(crate) struct Exporter {
     stop: watch::Sender<bool>,
-    /// Ends with the number of spans whose export failed.
-    task: tokio::task::JoinHandle<u64>,
+    task: tokio::task::JoinHandle<()>,
+    losses: Arc<Losses>,
     queue: Arc<SpanQueue>,
 }
 
@@ -61,8 +62,9 @@ impl Exporter {
             endpoint: export.endpoint.clone(),
             client: tonic::client::Grpc::new(endpoint.connect_lazy()),
             failing: 0,
-            lost: 0,
+            losses: Arc::new(Losses::default()),
         };
+        let losses = Arc::clone(&batches.losses);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(
             batches,
@@ -70,7 +72,12 @@ impl Exporter {
             export.schedule_delay,
             stopped,
         ));
-        Ok(Exporter { stop, task, queue })
+        Ok(Exporter {
+            stop,
+            task,
+            queue,
+            losses,
+        })
     }
 
     /// Exports what is queued and stops; waits at most `limit`. Returns the spans lost to
@@ -78,18 +85,21 @@ impl Exporter {
     pub(crate) async fn shutdown(self, limit: Duration) -> u64 {
         let _ = self.stop.send(true);
         let mut task = self.task;
-        let lost = match tokio::time::timeout(limit, &mut task).await {
-            Ok(Ok(lost)) => lost,
-            Ok(Err(_)) => 0,
-            Err(_) => {
-                task.abort();
-                tracing::warn!(
-                    queued = self.queue.len(),
-                    "the last traces were not all exported in time"
-                );
-                0
-            }
-        };
+        let ended = tokio::time::timeout(limit, &mut task).await;
+        if !matches!(ended, Ok(Ok(()))) {
+            // Stopped in time, or not: whatever it held, and whatever is still queued, is lost.
+            task.abort();
+            let held = self.losses.in_flight.swap(0, Ordering::Relaxed);
+            let queued = u64::try_from(self.queue.take(usize::MAX).len()).unwrap_or(u64::MAX);
+            self.losses
+                .spans
+                .fetch_add(held + queued, Ordering::Relaxed);
+            tracing::warn!(
+                unsent = held + queued,
+                "the exporter did not finish exporting the last traces in time"
+            );
+        }
+        let lost = self.losses.spans.load(Ordering::Relaxed);
         if lost > 0 {
             tracing::warn!(
                 lost,
@@ -107,12 +117,21 @@ impl Exporter {
     }
 }
 
+/// Spans that never reached the collector.
+#[derive(Debug, Default)]
+struct Losses {
+    /// In batches whose export failed, in all.
+    spans: AtomicU64,
+    /// In the batch being sent now (lost too if the exporter is stopped mid-send).
+    in_flight: AtomicU64,
+}
+
 async fn run(
     mut batches: Batches,
     queue: Arc<SpanQueue>,
     delay: Duration,
     mut stopped: watch::Receiver<bool>,
-) -> u64 {
+) {
     loop {
         let stopping = tokio::select! {
             () = tokio::time::sleep(delay) => false,
@@ -127,7 +146,7 @@ async fn run(
             batches.send(&batch).await;
         }
         if stopping {
-            return batches.lost;
+            return;
         }
     }
 }
@@ -141,12 +160,13 @@ struct Batches {
     client: tonic::client::Grpc<Channel>,
     /// Batches failed in a row (the first failure is logged, and the recovery).
     failing: u64,
-    /// Spans in batches whose export failed, in all.
-    lost: u64,
+    losses: Arc<Losses>,
 }
 
 impl Batches {
     async fn send(&mut self, batch: &[SpanRecord]) {
+        let count = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        self.losses.in_flight.store(count, Ordering::Relaxed);
         let mut request = tonic::Request::new(self.head.request(batch));
         *request.metadata_mut() = self.headers.clone();
         let sent = match self.client.ready().await {
@@ -159,6 +179,7 @@ impl Batches {
                 .map(drop),
             Err(error) => Err(tonic::Status::unavailable(error.to_string())),
         };
+        self.losses.in_flight.store(0, Ordering::Relaxed);
         match sent {
             Ok(()) => {
                 if self.failing > 0 {
@@ -181,7 +202,7 @@ impl Batches {
                     );
                 }
                 self.failing += 1;
-                self.lost += u64::try_from(batch.len()).unwrap_or(u64::MAX);
+                self.losses.spans.fetch_add(count, Ordering::Relaxed);
             }
         }
     }
@@ -597,7 +618,40 @@ mod tests {
         }
         let lost = exporter.shutdown(Duration::from_secs(10)).await;
         assert_eq!(lost, 3);
-        assert_eq!(queue.len(), 0);
+        assert!(queue.take(usize::MAX).is_empty());
+    }
+
+    /// A collector that takes the connection and never answers: stopping does not wait past
+    /// its limit, and the spans it held count as lost.
+    #[tokio::test]
+    async fn a_silent_collector_costs_the_spans_not_the_shutdown() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                held.push(stream);
+            }
+        });
+        let export = TraceExport {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            timeout: Duration::from_secs(30),
+            ..export()
+        };
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
+        let start = UNIX_EPOCH + Duration::from_secs(1);
+        for _ in 0..3 {
+            queue.push(record(start));
+        }
+        let began = std::time::Instant::now();
+        let lost = exporter.shutdown(Duration::from_millis(500)).await;
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        assert_eq!(lost, 3);
     }
 
     #[test]

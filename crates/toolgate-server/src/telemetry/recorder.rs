@@ -193,13 +193,6 @@ impl SpanQueue {
         spans.drain(..count).collect()
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.spans
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .len()
-    }
-
     pub(crate) fn batch(&self) -> usize {
         self.batch
     }
@@ -343,12 +336,19 @@ fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
     let Some(span) = registry.span(id) else {
         return;
     };
+    if let Access::Read(context) = what {
+        *context = span
+            .extensions()
+            .get::<SpanRecord>()
+            .map(|record| record.context.clone());
+        return;
+    }
     let mut extensions = span.extensions_mut();
     let Some(record) = extensions.get_mut::<SpanRecord>() else {
         return;
     };
     match what {
-        Access::Read(context) => *context = Some(record.context.clone()),
+        Access::Read(_) => {}
         Access::SetParent(parent) => {
             record.context.trace_id = parent.trace_id;
             record.context.sampled = parent.sampled;
