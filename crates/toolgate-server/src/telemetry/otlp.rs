@@ -87,7 +87,7 @@ impl Exporter {
         let mut task = self.task;
         let ended = tokio::time::timeout(limit, &mut task).await;
         if !matches!(ended, Ok(Ok(()))) {
-            // Stopped in time, or not: whatever it held, and whatever is still queued, is lost.
+            // Not done in time (or it panicked): what it held and what is still queued is lost.
             task.abort();
             let held = self.losses.in_flight.swap(0, Ordering::Relaxed);
             let queued = u64::try_from(self.queue.take(usize::MAX).len()).unwrap_or(u64::MAX);
