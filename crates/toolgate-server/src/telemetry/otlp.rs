@@ -597,17 +597,11 @@ mod tests {
         assert!(root.attributes.is_empty() && root.links.is_empty());
     }
 
-    /// A collector that is not there: the export fails, the spans are counted lost, and
-    /// shutdown still ends.
-    #[tokio::test]
-    async fn spans_of_a_failed_export_are_counted_lost() {
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.local_addr().unwrap().port()
-        };
+    /// An exporter to a collector on loopback `port`, with three spans queued.
+    fn three_spans_for(port: u16, timeout: Duration) -> (Exporter, Arc<SpanQueue>) {
         let export = TraceExport {
             endpoint: format!("http://127.0.0.1:{port}"),
-            timeout: Duration::from_secs(2),
+            timeout,
             ..export()
         };
         let queue = Arc::new(SpanQueue::new(16, 8));
@@ -616,6 +610,18 @@ mod tests {
         for _ in 0..3 {
             queue.push(record(start));
         }
+        (exporter, queue)
+    }
+
+    /// A collector that is not there: the export fails, the spans are counted lost, and
+    /// shutdown still ends.
+    #[tokio::test]
+    async fn spans_of_a_failed_export_are_counted_lost() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let (exporter, queue) = three_spans_for(port, Duration::from_secs(2));
         let lost = exporter.shutdown(Duration::from_secs(10)).await;
         assert_eq!(lost, 3);
         assert!(queue.take(usize::MAX).is_empty());
@@ -633,19 +639,10 @@ mod tests {
                 held.push(stream);
             }
         });
-        let export = TraceExport {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            timeout: Duration::from_secs(30),
-            ..export()
-        };
-        let queue = Arc::new(SpanQueue::new(16, 8));
-        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
-        let start = UNIX_EPOCH + Duration::from_secs(1);
-        for _ in 0..3 {
-            queue.push(record(start));
-        }
+        let (exporter, queue) = three_spans_for(port, Duration::from_secs(30));
         let began = std::time::Instant::now();
         let lost = exporter.shutdown(Duration::from_millis(500)).await;
+        assert!(queue.take(usize::MAX).is_empty());
         assert!(
             began.elapsed() < Duration::from_secs(5),
             "{:?}",
