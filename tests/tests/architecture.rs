@@ -55,6 +55,7 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("opentelemetry*", &["toolgate-server"]),
     ("tracing-opentelemetry", &[]),
     ("tracing-subscriber", &["toolgate-server"]),
+    ("slab", &["toolgate-server"]),
     ("prometheus-client", &["toolgate-server"]),
     // The approval console: its routes and its templates.
     ("axum", &["toolgate-server"]),

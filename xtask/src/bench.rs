@@ -290,8 +290,12 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     if options.overhead_only {
         let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
-        let instructions =
-            runtime.block_on(measure_instructions(options, &own_binary, &gateway_binary))?;
+        let instructions = runtime.block_on(measure_instructions(
+            options,
+            &own_binary,
+            &gateway_binary,
+            target_dir,
+        ))?;
         println!("\n{}", overhead.summary());
         if let Some(instructions) = instructions {
             println!("{}", instructions.summary());
@@ -354,8 +358,12 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     let observed = runtime.block_on(measure_observed(options, &own_binary, &gateway_binary))?;
     let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
-    let instructions =
-        runtime.block_on(measure_instructions(options, &own_binary, &gateway_binary))?;
+    let instructions = runtime.block_on(measure_instructions(
+        options,
+        &own_binary,
+        &gateway_binary,
+        target_dir,
+    ))?;
 
     let postgres = match crate::pg::running_server_url() {
         Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
@@ -482,11 +490,13 @@ async fn measure_overhead(
     .await
 }
 
-/// With `--instructions`: instructions per call of a plain and an observed gateway.
+/// With `--instructions`: instructions per call of a plain and an observed gateway; their
+/// callgrind profiles are kept under `target/bench/` for `callgrind_annotate`.
 async fn measure_instructions(
     options: &Options,
     own_binary: &Path,
     gateway_binary: &Path,
+    target_dir: &Path,
 ) -> anyhow::Result<Option<instructions::Instructions>> {
     if !options.instructions {
         return Ok(None);
@@ -495,8 +505,14 @@ async fn measure_instructions(
     println!(
         "\n==> instructions per call under callgrind, plain and observed ({calls} calls each)"
     );
-    let counted = instructions::measure(own_binary, gateway_binary, calls).await?;
+    let keep = target_dir.join("bench");
+    let counted = instructions::measure(own_binary, gateway_binary, calls, &keep).await?;
     println!("  {}", counted.summary());
+    println!(
+        "  profiles: {} and {}",
+        keep.join(instructions::PLAIN_PROFILE).display(),
+        keep.join(instructions::OBSERVED_PROFILE).display()
+    );
     Ok(Some(counted))
 }
 

@@ -1,5 +1,5 @@
 //! Trace context: W3C trace ids, the `traceparent` / `tracestate` headers, and a `tracing`
-//! span's context as the application's recording layer keeps it.
+//! span's context as the application's recording subscriber keeps it.
 //!
 //! Libraries make plain `tracing` spans and use this module to carry a context across a
 //! boundary (the HTTP client sends it to vendors, the engine keeps a suspended call's). The
@@ -162,10 +162,10 @@ fn valid_trace_state(state: &str) -> bool {
         })
 }
 
-/// What a caller asks of the recording layer about one span.
+/// What a caller asks of the recording subscriber about one span.
 #[derive(Debug)]
 pub enum Access<'a> {
-    /// Read the span's context (left `None` when the layer does not record the span).
+    /// Read the span's context (left `None` when the subscriber does not record the span).
     Read(&'a mut Option<SpanContext>),
     /// Make a remote context the span's parent: the span, created as a root, joins that trace.
     /// Only before the span has children.
@@ -174,14 +174,14 @@ pub enum Access<'a> {
     Link(SpanContext),
 }
 
-/// How libraries reach the span records of the application's recording layer: given the
+/// How libraries reach the span records of the application's recording subscriber: given the
 /// dispatcher and the span's id, carry out one [`Access`]. Installed once per process.
 #[derive(Clone, Copy, Debug)]
 pub struct ContextAccess(pub fn(&tracing::Dispatch, &tracing::span::Id, Access<'_>));
 
 static ACCESS: OnceLock<ContextAccess> = OnceLock::new();
 
-/// Installs the process's recording layer's access (the first installation wins; the same
+/// Installs the process's recording subscriber's access (the first installation wins; the same
 /// function installed again changes nothing).
 pub fn install_access(access: ContextAccess) {
     let _ = ACCESS.set(access);
@@ -194,7 +194,7 @@ fn access(span: &tracing::Span, what: Access<'_>) {
     span.with_subscriber(|(id, dispatch)| (access.0)(dispatch, id, what));
 }
 
-/// The context of `span`, when a recording layer records it.
+/// The context of `span`, when a recording subscriber records it.
 pub fn span_context(span: &tracing::Span) -> Option<SpanContext> {
     let mut context = None;
     access(span, Access::Read(&mut context));

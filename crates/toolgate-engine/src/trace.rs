@@ -4,7 +4,7 @@
 //! approval's decision.
 //!
 //! These are plain `tracing` spans at debug level: the engine depends on no exporter. An
-//! application that installs an OpenTelemetry layer (the gateway does when
+//! application that installs a recording subscriber (the gateway does when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set) exports them; without one, and with logs at info, nothing
 //! subscribes to them and they cost what a disabled span costs. A span carries names, ids
 //! and codes only, never an argument or a result value.

@@ -301,15 +301,9 @@ impl Telemetry {
         };
         let queue = Arc::new(recorder::SpanQueue::new(export.max_queue, export.max_batch));
         let exporter = otlp::Exporter::start(export, Arc::clone(&queue))?;
-        let traces = recorder::Recorder::new(queue)
-            // Spans only, of toolgate's own crates: events stay log lines, and no library's
-            // span can carry what toolgate's do not.
-            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                meta.is_span() && meta.target().starts_with("toolgate")
-            }));
-        tracing_subscriber::registry()
-            .with(logs)
-            .with(traces)
+        // The recorder keeps toolgate's spans itself and hands events to the log subscriber.
+        let logs = Box::new(tracing_subscriber::registry().with(logs));
+        recorder::Recorder::new(queue, logs)
             .try_init()
             .map_err(|e| TelemetryError(format!("cannot install the trace subscriber: {e}")))?;
         Ok(Telemetry {

@@ -7,7 +7,8 @@
 //!
 //! Each gateway starts under callgrind, is warmed up with calls of its own, then its counters
 //! are zeroed, a fixed number of calls is made, and the counters are dumped
-//! (`callgrind_control`).
+//! (`callgrind_control`). The dumps are kept (`callgrind-plain.out`, `callgrind-observed.out`)
+//! so that where the instructions go can be read with `callgrind_annotate`.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -52,11 +53,17 @@ impl Instructions {
     }
 }
 
-/// Counts `calls` calls on each gateway.
+/// The kept profile of the plain gateway's counted calls.
+pub(crate) const PLAIN_PROFILE: &str = "callgrind-plain.out";
+/// The kept profile of the observed gateway's counted calls.
+pub(crate) const OBSERVED_PROFILE: &str = "callgrind-observed.out";
+
+/// Counts `calls` calls on each gateway; their profiles are copied into `keep`.
 pub(crate) async fn measure(
     own_binary: &Path,
     gateway_binary: &Path,
     calls: u64,
+    keep: &Path,
 ) -> anyhow::Result<Instructions> {
     for tool in ["valgrind", "callgrind_control"] {
         let found = Command::new(tool)
@@ -68,15 +75,23 @@ pub(crate) async fn measure(
         }
     }
     let sink = process::spawn_sink(own_binary)?;
-    // Spans go out every 200 ms: the counting waits out one export before zeroing and
-    // before dumping, so the warm-up's spans are not counted and the counted calls' are.
+    // The exporter's default schedule (batches of 512, or what waited 5 s), as a gateway
+    // runs it: the counting waits out one schedule before zeroing and before dumping, so the
+    // warm-up's spans are not counted and the counted calls' are.
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
         ("OTEL_SERVICE_NAME", "toolgate-bench"),
-        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
     ];
-    let plain = count(gateway_binary, false, &[], calls).await?;
-    let observed = count(gateway_binary, true, &env, calls).await?;
+    std::fs::create_dir_all(keep).with_context(|| format!("cannot create {}", keep.display()))?;
+    let plain = count(gateway_binary, false, &[], calls, &keep.join(PLAIN_PROFILE)).await?;
+    let observed = count(
+        gateway_binary,
+        true,
+        &env,
+        calls,
+        &keep.join(OBSERVED_PROFILE),
+    )
+    .await?;
     drop(sink);
     Ok(Instructions {
         calls,
@@ -90,6 +105,7 @@ async fn count(
     metrics: bool,
     env: &[(&str, &str)],
     calls: u64,
+    keep: &Path,
 ) -> anyhow::Result<f64> {
     let dir = tempfile::Builder::new()
         .prefix("toolgate-callgrind-")
@@ -123,12 +139,15 @@ async fn count(
     tokio::time::sleep(EXPORT_WAIT).await;
     control(gateway.pid(), "-d").await?;
     let total = read_dump(dir.path()).await?;
+    std::fs::copy(dir.path().join(DUMP), keep)
+        .with_context(|| format!("cannot keep the profile at {}", keep.display()))?;
     drop(gateway);
     Ok(total as f64 / calls as f64)
 }
 
-/// Longer than the observed gateway's export delay, under valgrind.
-const EXPORT_WAIT: Duration = Duration::from_secs(2);
+/// Longer than the observed gateway's export delay (`OTEL_BSP_SCHEDULE_DELAY`, 5 s by
+/// default), under valgrind.
+const EXPORT_WAIT: Duration = Duration::from_secs(7);
 
 /// `path` in single quotes for `sh`, a quote inside written as `'\''`.
 fn shell_quoted(path: &Path) -> String {
@@ -154,9 +173,12 @@ async fn control(pid: u32, command: &'static str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The instruction total of the dump (`callgrind.out.1`), once it is complete.
+/// The file of callgrind's first dump.
+const DUMP: &str = "callgrind.out.1";
+
+/// The instruction total of the dump, once it is complete.
 async fn read_dump(dir: &Path) -> anyhow::Result<u64> {
-    let dump: PathBuf = dir.join("callgrind.out.1");
+    let dump: PathBuf = dir.join(DUMP);
     for _ in 0..100 {
         if let Ok(text) = std::fs::read_to_string(&dump)
             && let Some(total) = text

@@ -47,9 +47,17 @@ where
         if !fields.values.is_empty() {
             line.insert("fields".into(), Value::Object(fields.values));
         }
-        // The span the event was written in, as the registry sees it (the log layer's own
-        // filter may not have enabled the trace spans, which are at debug level).
-        if let Some(name) = ctx.current_span().metadata().map(tracing::Metadata::name) {
+        // The span the event was written in: the registry's (the log layer's own filter may
+        // not have enabled the trace spans, which are at debug level), or with traces on the
+        // recorder's, which keeps toolgate's spans itself.
+        let name = ctx
+            .current_span()
+            .metadata()
+            .or_else(|| {
+                tracing::dispatcher::get_default(|dispatch| dispatch.current_span().metadata())
+            })
+            .map(tracing::Metadata::name);
+        if let Some(name) = name {
             line.insert("span".into(), Value::String(name.to_owned()));
         }
         if let Some((trace_id, span_id)) = trace_ids() {

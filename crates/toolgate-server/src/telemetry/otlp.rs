@@ -9,19 +9,21 @@
 //! values are copied once into the request's bytes instead of into a dozen small allocations
 //! each. The tests decode what it writes with the generated messages of the official proto.
 
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::{Buf as _, BufMut};
 use tokio::sync::watch;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
 use toolgate_core::trace::SpanContext;
-use toolgate_proto::raw::RawCodec;
 
-use super::recorder::{SpanQueue, SpanRecord, StatusCode, Value};
+use super::recorder::{SpanQueue, SpanRecord, StatusCode};
 use super::{TelemetryError, TraceExport};
 
 /// The collector's method.
@@ -57,7 +59,7 @@ impl Exporter {
             .connect_timeout(export.timeout)
             .timeout(export.timeout);
         let batches = Batches {
-            head: Head::new(export),
+            head: Arc::new(Head::new(export)),
             headers: metadata(&export.headers)?,
             endpoint: export.endpoint.clone(),
             client: tonic::client::Grpc::new(endpoint.connect_lazy()),
@@ -143,7 +145,7 @@ async fn run(
             if batch.is_empty() {
                 break;
             }
-            batches.send(&batch).await;
+            batches.send(batch).await;
         }
         if stopping {
             return;
@@ -154,7 +156,7 @@ async fn run(
 /// What every export shares, and the client.
 #[derive(Debug)]
 struct Batches {
-    head: Head,
+    head: Arc<Head>,
     headers: MetadataMap,
     endpoint: String,
     client: tonic::client::Grpc<Channel>,
@@ -164,17 +166,21 @@ struct Batches {
 }
 
 impl Batches {
-    async fn send(&mut self, batch: &[SpanRecord]) {
-        let count = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+    async fn send(&mut self, batch: Vec<SpanRecord>) {
+        let spans = batch.len();
+        let count = u64::try_from(spans).unwrap_or(u64::MAX);
         self.losses.in_flight.store(count, Ordering::Relaxed);
-        let mut request = tonic::Request::new(self.head.request(batch));
+        let mut request = tonic::Request::new(Export {
+            head: Arc::clone(&self.head),
+            spans: batch,
+        });
         *request.metadata_mut() = self.headers.clone();
         let sent = match self.client.ready().await {
             Ok(()) => self
                 .client
                 // The answer only reports spans the collector rejected, which this exporter
                 // would not send again anyway: it is not read.
-                .unary::<_, Vec<u8>, _>(request, PathAndQuery::from_static(EXPORT), RawCodec)
+                .unary::<_, (), _>(request, PathAndQuery::from_static(EXPORT), ExportCodec)
                 .await
                 .map(drop),
             Err(error) => Err(tonic::Status::unavailable(error.to_string())),
@@ -195,7 +201,7 @@ impl Batches {
                 if self.failing == 0 {
                     tracing::warn!(
                         endpoint = %self.endpoint,
-                        spans = batch.len(),
+                        spans,
                         code = ?status.code(),
                         error = status.message(),
                         "exporting traces failed; spans are dropped until the collector answers"
@@ -221,7 +227,7 @@ impl Head {
         let mut resource = Vec::new();
         for (key, value) in resource_attributes(export) {
             wire::message(&mut resource, 1, |kv| {
-                key_value(kv, &key, &Value::Text(value));
+                key_value(kv, &key, Value::Text(&value));
             });
         }
         let mut scope = Vec::new();
@@ -231,20 +237,158 @@ impl Head {
     }
 
     /// `ExportTraceServiceRequest { resource_spans: [{ resource, scope_spans: [{ scope,
-    /// spans }] }] }`.
+    /// spans }] }] }`, as bytes.
+    #[cfg(test)]
     fn request(&self, batch: &[SpanRecord]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(256 + batch.len() * 512);
-        wire::message(&mut out, 1, |resource_spans| {
-            wire::bytes_always(resource_spans, 1, &self.resource);
-            wire::message(resource_spans, 2, |scope_spans| {
-                wire::bytes_always(scope_spans, 1, &self.scope);
-                for span in batch {
-                    wire::message(scope_spans, 2, |out| encode_span(out, span));
-                }
-            });
-        });
+        let sizes = self.sizes(batch);
+        let mut out = Vec::with_capacity(sizes.total());
+        self.write_request(batch, &sizes, &mut out);
+        assert_eq!(
+            out.len(),
+            sizes.total(),
+            "the sizes computed are the sizes written"
+        );
         out
     }
+
+    /// Every length of the request, computed first, so each byte is written once, in place
+    /// (a length written before its message would otherwise move what follows it).
+    fn sizes(&self, batch: &[SpanRecord]) -> Sizes {
+        let spans: Vec<usize> = batch.iter().map(span_len).collect();
+        let scope_spans =
+            field_len(self.scope.len()) + spans.iter().map(|&span| field_len(span)).sum::<usize>();
+        let resource_spans = field_len(self.resource.len()) + field_len(scope_spans);
+        Sizes {
+            spans,
+            scope_spans,
+            resource_spans,
+        }
+    }
+
+    fn write_request(&self, batch: &[SpanRecord], sizes: &Sizes, out: &mut impl BufMut) {
+        put::len(out, 1, sizes.resource_spans);
+        put::len(out, 1, self.resource.len());
+        out.put_slice(&self.resource);
+        put::len(out, 2, sizes.scope_spans);
+        put::len(out, 1, self.scope.len());
+        out.put_slice(&self.scope);
+        for (span, &len) in batch.iter().zip(&sizes.spans) {
+            put::len(out, 2, len);
+            put_span(out, span);
+        }
+    }
+}
+
+/// The lengths of a request's messages.
+struct Sizes {
+    spans: Vec<usize>,
+    scope_spans: usize,
+    resource_spans: usize,
+}
+
+impl Sizes {
+    /// The whole request's size.
+    fn total(&self) -> usize {
+        field_len(self.resource_spans)
+    }
+}
+
+/// An export request: the batch, with what every request shares.
+#[derive(Debug)]
+struct Export {
+    head: Arc<Head>,
+    spans: Vec<SpanRecord>,
+}
+
+/// Writes an [`Export`] straight into the request's buffer; the answer is not read.
+#[derive(Debug, Clone, Copy, Default)]
+struct ExportCodec;
+
+impl Codec for ExportCodec {
+    type Encode = Export;
+    type Decode = ();
+    type Encoder = ExportCodec;
+    type Decoder = ExportCodec;
+
+    fn encoder(&mut self) -> ExportCodec {
+        ExportCodec
+    }
+
+    fn decoder(&mut self) -> ExportCodec {
+        ExportCodec
+    }
+}
+
+impl Encoder for ExportCodec {
+    type Item = Export;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Export, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        let sizes = item.head.sizes(&item.spans);
+        dst.reserve(sizes.total());
+        item.head.write_request(&item.spans, &sizes, dst);
+        Ok(())
+    }
+}
+
+impl Decoder for ExportCodec {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        src.advance(src.remaining());
+        Ok(Some(()))
+    }
+}
+
+/// A length-delimited field's size: its tag (fields below 16 take one byte), its length and
+/// its body.
+fn field_len(body: usize) -> usize {
+    1 + wire::varint_len(body as u64) + body
+}
+
+/// A string or bytes field's size; an empty one is not written.
+fn optional_len(body: usize) -> usize {
+    if body == 0 { 0 } else { field_len(body) }
+}
+
+/// The size of a `Span` message's fields, as [`put_span`] writes them.
+fn span_len(span: &SpanRecord) -> usize {
+    let context = &span.context;
+    let mut len = optional_len(context.trace_id.0.len())
+        + optional_len(context.span_id.0.len())
+        + optional_len(context.trace_state.as_deref().map_or(0, str::len))
+        + span.parent.map_or(0, |parent| optional_len(parent.0.len()))
+        + optional_len(span.name.len())
+        // kind: a tag and a one-byte enumeration value
+        + 2
+        // start and end: a tag and eight bytes each, when not zero
+        + fixed64_len(unix_nanos(span.start))
+        + fixed64_len(unix_nanos(span.end))
+        + span.attributes.encoded().len()
+        + span.links.iter().map(|link| field_len(link_len(link))).sum::<usize>()
+        // flags: a tag (field 16 takes two bytes) and four bytes
+        + 6;
+    if span.status != StatusCode::Unset {
+        len += field_len(status_len(span));
+    }
+    len
+}
+
+fn fixed64_len(value: u64) -> usize {
+    if value == 0 { 0 } else { 9 }
+}
+
+fn status_len(span: &SpanRecord) -> usize {
+    optional_len(span.status_message.as_deref().map_or(0, str::len)) + 2
+}
+
+fn link_len(link: &SpanContext) -> usize {
+    optional_len(link.trace_id.0.len())
+        + optional_len(link.span_id.0.len())
+        + optional_len(link.trace_state.as_deref().map_or(0, str::len))
+        // flags: a tag and four bytes
+        + 5
 }
 
 fn unix_nanos(time: SystemTime) -> u64 {
@@ -257,51 +401,117 @@ fn flags(sampled: bool, remote: bool) -> u32 {
     u32::from(sampled) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 }
 }
 
-/// One `Span` message's fields.
-fn encode_span(out: &mut Vec<u8>, span: &SpanRecord) {
+/// One `Span` message's fields ([`span_len`] is their size).
+fn put_span(out: &mut impl BufMut, span: &SpanRecord) {
     let context = &span.context;
-    wire::bytes(out, 1, &context.trace_id.0);
-    wire::bytes(out, 2, &context.span_id.0);
-    wire::string(out, 3, context.trace_state.as_deref().unwrap_or(""));
+    put::bytes(out, 1, &context.trace_id.0);
+    put::bytes(out, 2, &context.span_id.0);
+    put::bytes(
+        out,
+        3,
+        context.trace_state.as_deref().unwrap_or("").as_bytes(),
+    );
     if let Some(parent) = &span.parent {
-        wire::bytes(out, 4, &parent.0);
+        put::bytes(out, 4, &parent.0);
     }
-    wire::string(out, 5, &span.name);
-    wire::uint(out, 6, span.kind as u64);
-    wire::fixed64(out, 7, unix_nanos(span.start));
-    wire::fixed64(out, 8, unix_nanos(span.end));
-    for (key, value) in &span.attributes {
-        wire::message(out, 9, |kv| key_value(kv, key, value));
-    }
+    put::bytes(out, 5, span.name.as_bytes());
+    // Every kind is 1 to 5: one byte.
+    out.put_u8(6 << 3);
+    out.put_u8(span.kind as u8);
+    put::fixed64(out, 7, unix_nanos(span.start));
+    put::fixed64(out, 8, unix_nanos(span.end));
+    out.put_slice(span.attributes.encoded());
     for link in &span.links {
-        wire::message(out, 13, |out| encode_link(out, link));
+        put::len(out, 13, link_len(link));
+        put::bytes(out, 1, &link.trace_id.0);
+        put::bytes(out, 2, &link.span_id.0);
+        put::bytes(out, 3, link.trace_state.as_deref().unwrap_or("").as_bytes());
+        put::fixed32(out, 6, flags(link.sampled, link.remote));
     }
     if span.status != StatusCode::Unset {
-        wire::message(out, 15, |status| {
-            wire::string(status, 2, span.status_message.as_deref().unwrap_or(""));
-            wire::uint(status, 3, span.status as u64);
-        });
+        put::len(out, 15, status_len(span));
+        put::bytes(
+            out,
+            2,
+            span.status_message.as_deref().unwrap_or("").as_bytes(),
+        );
+        // Ok and Error are 1 and 2: one byte.
+        out.put_u8(3 << 3);
+        out.put_u8(span.status as u8);
     }
-    wire::fixed32(out, 16, flags(context.sampled, span.parent_remote));
+    // Field 16 takes a two-byte tag.
+    out.put_slice(&[16 << 3 | 5 | 0x80, 1]);
+    out.put_u32_le(flags(context.sampled, span.parent_remote));
 }
 
-/// One `Span.Link` message's fields.
-fn encode_link(out: &mut Vec<u8>, link: &SpanContext) {
-    wire::bytes(out, 1, &link.trace_id.0);
-    wire::bytes(out, 2, &link.span_id.0);
-    wire::string(out, 3, link.trace_state.as_deref().unwrap_or(""));
-    wire::fixed32(out, 6, flags(link.sampled, link.remote));
+/// Protobuf fields written to any buffer, their sizes known beforehand (fields below 16).
+mod put {
+    use bytes::BufMut;
+
+    fn varint(out: &mut impl BufMut, mut value: u64) {
+        while value >= 0x80 {
+            out.put_u8((value & 0x7f).to_le_bytes()[0] | 0x80);
+            value >>= 7;
+        }
+        out.put_u8(value.to_le_bytes()[0]);
+    }
+
+    fn tag(out: &mut impl BufMut, field: u8, wire_type: u8) {
+        out.put_u8(field << 3 | wire_type);
+    }
+
+    /// The tag and length of a length-delimited field whose body follows.
+    pub(super) fn len(out: &mut impl BufMut, field: u8, len: usize) {
+        tag(out, field, 2);
+        varint(out, len as u64);
+    }
+
+    /// A bytes or string field; an empty one is not written.
+    pub(super) fn bytes(out: &mut impl BufMut, field: u8, data: &[u8]) {
+        if !data.is_empty() {
+            len(out, field, data.len());
+            out.put_slice(data);
+        }
+    }
+
+    /// A fixed64 field; zero is not written.
+    pub(super) fn fixed64(out: &mut impl BufMut, field: u8, value: u64) {
+        if value != 0 {
+            tag(out, field, 1);
+            out.put_u64_le(value);
+        }
+    }
+
+    pub(super) fn fixed32(out: &mut impl BufMut, field: u8, value: u32) {
+        tag(out, field, 5);
+        out.put_u32_le(value);
+    }
+}
+
+/// An attribute's value, as a span's field gives it.
+#[derive(Clone, Copy)]
+pub(crate) enum Value<'a> {
+    Text(&'a str),
+    /// Written as text, formatted straight into the message.
+    Debug(&'a dyn fmt::Debug),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
 }
 
 /// One `KeyValue` message's fields: the key and an `AnyValue` whose one field is always
 /// written (a oneof member is present even at its default).
-fn key_value(out: &mut Vec<u8>, key: &str, value: &Value) {
+fn key_value(out: &mut Vec<u8>, key: &str, value: Value<'_>) {
     wire::string(out, 1, key);
     wire::message(out, 2, |any| match value {
         Value::Text(text) => wire::bytes_always(any, 1, text.as_bytes()),
+        Value::Debug(value) => wire::message(any, 1, |text| {
+            // Writing to a vector cannot fail; a `Debug` that fails leaves what it wrote.
+            let _ = fmt::write(&mut wire::Text(text), format_args!("{value:?}"));
+        }),
         Value::Bool(bool) => {
             wire::tag(any, 2, wire::VARINT);
-            wire::varint(any, u64::from(*bool));
+            wire::varint(any, u64::from(bool));
         }
         Value::Int(int) => {
             wire::tag(any, 3, wire::VARINT);
@@ -314,12 +524,152 @@ fn key_value(out: &mut Vec<u8>, key: &str, value: &Value) {
     });
 }
 
+/// A span's attributes, kept as they are exported: each one a `KeyValue` written as field 9
+/// of `Span` when it is recorded, so recording one allocates nothing of its own and exporting
+/// the span copies them as they are.
+#[derive(Debug, Default)]
+pub(crate) struct Attributes {
+    encoded: Vec<u8>,
+}
+
+/// What follows an `AnyValue`'s tag, for the values written in one pass.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Text(&'a [u8]),
+    Varint(u64),
+}
+
+/// `Span.attributes`: field 9, length-delimited.
+const ATTRIBUTE_TAG: u8 = 9 << 3 | 2;
+
+impl Attributes {
+    pub(crate) fn with_capacity(bytes: usize) -> Attributes {
+        Attributes {
+            encoded: Vec::with_capacity(bytes),
+        }
+    }
+
+    /// Adds an attribute (the caller knows `key` is not there yet).
+    pub(crate) fn push(&mut self, key: &str, value: Value<'_>) {
+        let out = &mut self.encoded;
+        // The common values, text, integers and flags, are written in one pass, their
+        // lengths known beforehand; the others as any message is.
+        let (any_tag, payload): (u8, Payload<'_>) = match value {
+            Value::Text(text) => (1 << 3 | 2, Payload::Text(text.as_bytes())),
+            Value::Bool(bool) => (2 << 3, Payload::Varint(u64::from(bool))),
+            Value::Int(int) => (
+                3 << 3,
+                Payload::Varint(u64::from_ne_bytes(int.to_ne_bytes())),
+            ),
+            Value::Debug(_) | Value::Float(_) => {
+                wire::message(out, 9, |kv| key_value(kv, key, value));
+                return;
+            }
+        };
+        let payload_len = match payload {
+            Payload::Text(text) => wire::varint_len(text.len() as u64) + text.len(),
+            Payload::Varint(value) => wire::varint_len(value),
+        };
+        let any_len = 1 + payload_len;
+        let kv_len = 1
+            + wire::varint_len(key.len() as u64)
+            + key.len()
+            + 1
+            + wire::varint_len(any_len as u64)
+            + any_len;
+        out.reserve(1 + wire::varint_len(kv_len as u64) + kv_len);
+        out.push(ATTRIBUTE_TAG);
+        wire::varint(out, kv_len as u64);
+        out.push(1 << 3 | 2);
+        wire::varint(out, key.len() as u64);
+        out.extend_from_slice(key.as_bytes());
+        out.push(2 << 3 | 2);
+        wire::varint(out, any_len as u64);
+        out.push(any_tag);
+        match payload {
+            Payload::Text(text) => {
+                wire::varint(out, text.len() as u64);
+                out.extend_from_slice(text);
+            }
+            Payload::Varint(value) => wire::varint(out, value),
+        }
+    }
+
+    /// Sets an attribute, replacing the value `key` had.
+    pub(crate) fn set(&mut self, key: &str, value: Value<'_>) {
+        if let Some(at) = self.find(key) {
+            self.encoded.drain(at);
+        }
+        self.push(key, value);
+    }
+
+    /// Where the attribute `key` is in `encoded`.
+    fn find(&self, key: &str) -> Option<std::ops::Range<usize>> {
+        let bytes = self.encoded.as_slice();
+        let mut at = 0;
+        while at < bytes.len() {
+            if bytes[at] != ATTRIBUTE_TAG {
+                return None;
+            }
+            let (length, head) = wire::read_varint(bytes.get(at + 1..)?)?;
+            let body = at + 1 + head;
+            let end = body.checked_add(usize::try_from(length).ok()?)?;
+            // The body starts with the key: field 1, its length, its bytes.
+            let kv = bytes.get(body..end)?;
+            if kv.first() == Some(&(1 << 3 | 2))
+                && let Some((key_length, key_head)) = wire::read_varint(&kv[1..])
+                && let Ok(key_length) = usize::try_from(key_length)
+                && kv
+                    .get(1 + key_head..)
+                    .and_then(|rest| rest.get(..key_length))
+                    == Some(key.as_bytes())
+            {
+                return Some(at..end);
+            }
+            at = end;
+        }
+        None
+    }
+
+    /// The `Span.attributes` fields, as written.
+    pub(crate) fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+}
+
 /// Protobuf's wire format, as much as the OTLP trace messages use.
 mod wire {
     pub(super) const VARINT: u8 = 0;
     pub(super) const FIXED64: u8 = 1;
     const LEN: u8 = 2;
-    const FIXED32: u8 = 5;
+
+    /// A varint at the start of `bytes`, and how many bytes it took.
+    pub(super) fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+        let mut value = 0_u64;
+        for (at, byte) in bytes.iter().enumerate().take(10) {
+            value |= u64::from(byte & 0x7f) << (7 * at);
+            if byte & 0x80 == 0 {
+                return Some((value, at + 1));
+            }
+        }
+        None
+    }
+
+    /// Formatted text written into a message.
+    pub(super) struct Text<'a>(pub(super) &'a mut Vec<u8>);
+
+    impl std::fmt::Write for Text<'_> {
+        fn write_str(&mut self, text: &str) -> std::fmt::Result {
+            self.0.extend_from_slice(text.as_bytes());
+            Ok(())
+        }
+    }
+
+    /// How many bytes `value` takes as a varint.
+    pub(super) fn varint_len(value: u64) -> usize {
+        // One byte per started 7 bits, and one for zero.
+        (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+    }
 
     pub(super) fn varint(out: &mut Vec<u8>, mut value: u64) {
         while value >= 0x80 {
@@ -352,28 +702,6 @@ mod wire {
         bytes(out, field, text.as_bytes());
     }
 
-    /// A `uint32`/`uint64`/enum field; zero is not written.
-    pub(super) fn uint(out: &mut Vec<u8>, field: u32, value: u64) {
-        if value != 0 {
-            tag(out, field, VARINT);
-            varint(out, value);
-        }
-    }
-
-    pub(super) fn fixed64(out: &mut Vec<u8>, field: u32, value: u64) {
-        if value != 0 {
-            tag(out, field, FIXED64);
-            out.extend_from_slice(&value.to_le_bytes());
-        }
-    }
-
-    pub(super) fn fixed32(out: &mut Vec<u8>, field: u32, value: u32) {
-        if value != 0 {
-            tag(out, field, FIXED32);
-            out.extend_from_slice(&value.to_le_bytes());
-        }
-    }
-
     /// An embedded message: `body` writes its fields after the tag and one byte kept for the
     /// length, which most of these messages fit (under 128 bytes: an attribute, its value, a
     /// link); a longer one moves its body up to make room for the longer length.
@@ -397,8 +725,10 @@ mod wire {
         }
         head[size] = value.to_le_bytes()[0];
         size += 1;
-        // One byte is already there; make room for the rest and write the length.
-        out.splice(at + 1..at + 1, head[1..size].iter().copied());
+        // One byte is already there; move the body up for the rest and write the length.
+        let end = out.len();
+        out.resize(end + size - 1, 0);
+        out.copy_within(at + 1..end, at + size);
         out[at..at + size].copy_from_slice(&head[..size]);
     }
 }
@@ -490,18 +820,28 @@ mod tests {
             name: Cow::Borrowed("execute_tool slack.post_message"),
             kind: Kind::Internal,
             status: StatusCode::Error,
-            status_message: None,
+            status_message: Some("refused".to_owned()),
             start,
             end: start + Duration::from_micros(250),
-            attributes: vec![
-                ("gen_ai.tool.name", Value::Text("slack.post_message".into())),
-                ("empty", Value::Text(String::new())),
+            attributes: attributes(&[
+                ("gen_ai.tool.name", Value::Text("slack.post_message")),
+                ("empty", Value::Text("")),
                 ("toolgate.attempts", Value::Int(1)),
                 ("negative", Value::Int(-3)),
                 ("toolgate.replayed", Value::Bool(false)),
                 ("ratio", Value::Float(0.5)),
-            ],
+                ("shown", Value::Debug(&Some(7))),
+            ]),
+            recorded: 0,
         }
+    }
+
+    fn attributes(pairs: &[(&str, Value<'_>)]) -> Attributes {
+        let mut attributes = Attributes::default();
+        for (key, value) in pairs {
+            attributes.push(key, *value);
+        }
+        attributes
     }
 
     fn text(value: &str) -> Option<AnyValue> {
@@ -520,7 +860,7 @@ mod tests {
             links: Vec::new(),
             status: StatusCode::Unset,
             kind: Kind::Server,
-            attributes: Vec::new(),
+            attributes: Attributes::default(),
             ..record(start)
         };
         let bytes = Head::new(&export()).request(&[record(start), root]);
@@ -557,6 +897,7 @@ mod tests {
         assert_eq!(span.start_time_unix_nano, 1_700_000_000_000_000_000);
         assert_eq!(span.end_time_unix_nano - span.start_time_unix_nano, 250_000);
         assert_eq!(span.status.as_ref().map(|s| s.code), Some(2));
+        assert_eq!(span.status.as_ref().unwrap().message, "refused");
         let attributes: Vec<(&str, Option<any_value::Value>)> = span
             .attributes
             .iter()
@@ -582,6 +923,10 @@ mod tests {
                     Some(any_value::Value::BoolValue(false))
                 ),
                 ("ratio", Some(any_value::Value::DoubleValue(0.5))),
+                (
+                    "shown",
+                    Some(any_value::Value::StringValue("Some(7)".into()))
+                ),
             ]
         );
         assert_eq!(span.links.len(), 1);
@@ -655,16 +1000,11 @@ mod tests {
     fn lengths_past_one_varint_byte_are_framed_right() {
         let start = UNIX_EPOCH + Duration::from_secs(1);
         let long = "x".repeat(70_000);
-        let span = SpanRecord {
-            attributes: vec![("long", Value::Text(long.clone()))],
-            ..record(start)
-        };
-        let spans: Vec<SpanRecord> = (0..3)
+        let spans: Vec<SpanRecord> = (0..4)
             .map(|_| SpanRecord {
-                attributes: vec![("long", Value::Text(long.clone()))],
+                attributes: attributes(&[("long", Value::Text(&long))]),
                 ..record(start)
             })
-            .chain([span])
             .collect();
         let bytes = Head::new(&export()).request(&spans);
         let request = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
@@ -675,5 +1015,37 @@ mod tests {
                 .iter()
                 .all(|span| span.attributes[0].value == text(&long))
         );
+    }
+
+    #[test]
+    fn an_attribute_set_again_replaces_its_value_wherever_it_is() {
+        let long = "y".repeat(300);
+        let mut set = attributes(&[
+            ("a", Value::Text("first")),
+            ("long", Value::Text(&long)),
+            ("b", Value::Int(1)),
+        ]);
+        set.set("long", Value::Int(2));
+        set.set("a", Value::Bool(true));
+        set.set("new", Value::Text("n"));
+        set.set("ab", Value::Int(3));
+        let expected = attributes(&[
+            ("b", Value::Int(1)),
+            ("long", Value::Int(2)),
+            ("a", Value::Bool(true)),
+            ("new", Value::Text("n")),
+            ("ab", Value::Int(3)),
+        ]);
+        assert_eq!(set.encoded(), expected.encoded());
+    }
+
+    #[test]
+    fn varint_lengths_are_what_varint_writes() {
+        for value in [0, 1, 127, 128, 16_383, 16_384, 1 << 35, u64::MAX] {
+            let mut out = Vec::new();
+            wire::varint(&mut out, value);
+            assert_eq!(wire::varint_len(value), out.len(), "{value}");
+            assert_eq!(wire::read_varint(&out), Some((value, out.len())));
+        }
     }
 }

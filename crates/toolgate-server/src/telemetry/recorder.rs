@@ -1,12 +1,13 @@
-//! The span recorder: a `tracing` layer that keeps what an exported span needs (ids, parent,
-//! name, kind, status, times, attributes, links) in one small record per span, and queues the
-//! record of each sampled span when it closes, for the exporter (`otlp.rs`) to encode in
-//! batches.
+//! The span recorder: the process's `tracing` subscriber while traces are on. It keeps what
+//! an exported span needs (ids, parent, name, kind, status, times, attributes, links) in one
+//! small record per span, queues the record of each sampled span when it closes, for the
+//! exporter (`otlp.rs`) to encode in batches, and hands every event to the log subscriber.
 //!
-//! It replaces a general bridge to an OpenTelemetry SDK, whose per-span cost (a builder and
-//! context per span, a context attached on every poll of an instrumented future, a second
-//! conversion to the SDK's span data) was most of the gateway's added CPU with traces on. Here
-//! a span costs one record in the registry's extensions, its fields and two clock reads.
+//! It replaces a general bridge to an OpenTelemetry SDK (a builder and context per span, a
+//! context attached on every poll, a second conversion to the SDK's span data) and then a
+//! layer over `tracing-subscriber`'s registry (a registry lookup and a per-layer filter check
+//! for each layer on every enter and exit): each was most of what traces added to a call. Here
+//! a span costs one slot, its fields and two clock reads; entering it, a push on a stack.
 //!
 //! Special fields, as OpenTelemetry's `tracing` conventions name them: `otel.name` (the span's
 //! name), `otel.kind` (`server`, `client`, `producer`, `consumer`, `internal`),
@@ -14,19 +15,23 @@
 //! attribute.
 
 use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
+use slab::Slab;
 use toolgate_core::trace::{Access, ContextAccess, SpanContext, SpanId, TraceId};
 use tracing::field::{Field, Visit};
+use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
-use tracing::{Dispatch, Subscriber};
-use tracing_subscriber::Layer;
-use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
+use tracing_core::span::Current;
+
+use super::otlp::{Attributes as OtlpAttributes, Value};
+use tracing::subscriber::Interest;
+use tracing::{Dispatch, Event, Metadata, Subscriber};
 
 /// A span's kind (the OTLP enumeration's values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +51,6 @@ pub(crate) enum StatusCode {
     Error = 2,
 }
 
-/// An attribute's value.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Value {
-    Text(String),
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-}
-
 /// One span, as recorded and, once closed, as exported.
 #[derive(Debug)]
 pub(crate) struct SpanRecord {
@@ -68,77 +64,140 @@ pub(crate) struct SpanRecord {
     pub(crate) status_message: Option<String>,
     pub(crate) start: SystemTime,
     pub(crate) end: SystemTime,
-    pub(crate) attributes: Vec<(&'static str, Value)>,
+    pub(crate) attributes: OtlpAttributes,
+    /// The indexes (below 64) of the span's fields its attributes hold.
+    pub(crate) recorded: u64,
     pub(crate) links: Vec<SpanContext>,
 }
 
 impl SpanRecord {
-    fn set(&mut self, key: &'static str, value: Value) {
-        match key {
-            "otel.name" => {
-                self.name = Cow::Owned(match value {
-                    Value::Text(text) => text,
-                    other => format!("{other:?}"),
-                });
+    /// Sets one of the special `otel.*` fields (`special` is the name after `otel.`); false
+    /// for any other name, which is then an attribute.
+    fn set_special(&mut self, special: &str, value: Value<'_>) -> bool {
+        let text = || match value {
+            Value::Text(text) => Cow::Borrowed(text),
+            Value::Debug(value) => Cow::Owned(format!("{value:?}")),
+            Value::Int(int) => Cow::Owned(int.to_string()),
+            Value::Float(float) => Cow::Owned(float.to_string()),
+            Value::Bool(bool) => Cow::Owned(bool.to_string()),
+        };
+        match special {
+            "name" => self.name = Cow::Owned(text().into_owned()),
+            "kind" => {
+                let kind = text();
+                let is = |name: &str| kind.eq_ignore_ascii_case(name);
+                self.kind = if is("server") {
+                    Kind::Server
+                } else if is("client") {
+                    Kind::Client
+                } else if is("producer") {
+                    Kind::Producer
+                } else if is("consumer") {
+                    Kind::Consumer
+                } else {
+                    Kind::Internal
+                };
             }
-            "otel.kind" => {
-                if let Value::Text(kind) = &value {
-                    self.kind = match kind.to_ascii_lowercase().as_str() {
-                        "server" => Kind::Server,
-                        "client" => Kind::Client,
-                        "producer" => Kind::Producer,
-                        "consumer" => Kind::Consumer,
-                        _ => Kind::Internal,
-                    };
-                }
+            "status_code" => {
+                let code = text();
+                self.status = if code.eq_ignore_ascii_case("ok") {
+                    StatusCode::Ok
+                } else if code.eq_ignore_ascii_case("error") {
+                    StatusCode::Error
+                } else {
+                    StatusCode::Unset
+                };
             }
-            "otel.status_code" => {
-                if let Value::Text(code) = &value {
-                    self.status = match code.to_ascii_lowercase().as_str() {
-                        "ok" => StatusCode::Ok,
-                        "error" => StatusCode::Error,
-                        _ => StatusCode::Unset,
-                    };
-                }
+            "status_message" => self.status_message = Some(text().into_owned()),
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// Writes a span's fields into its record, as it is created (`fresh`) or later; a later
+/// field's `Debug` comes formatted (`formatted`, by field index).
+struct Fields<'a> {
+    record: &'a mut SpanRecord,
+    fresh: bool,
+    formatted: &'a [(usize, String)],
+}
+
+/// The fields of a record that [`Fields`] writes through `Debug`, formatted; the others are
+/// left alone.
+#[derive(Default)]
+struct Formatted(Vec<(usize, String)>);
+
+impl Visit for Formatted {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.push((field.index(), format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, _: &Field, _: &str) {}
+
+    fn record_i64(&mut self, _: &Field, _: i64) {}
+
+    fn record_u64(&mut self, _: &Field, _: u64) {}
+
+    fn record_bool(&mut self, _: &Field, _: bool) {}
+
+    fn record_f64(&mut self, _: &Field, _: f64) {}
+}
+
+impl Fields<'_> {
+    fn put(&mut self, field: &Field, value: Value<'_>) {
+        let key = field.name();
+        if let Some(special) = key.strip_prefix("otel.")
+            && self.record.set_special(special, value)
+        {
+            return;
+        }
+        let bit = u32::try_from(field.index())
+            .ok()
+            .and_then(|index| 1_u64.checked_shl(index));
+        let attributes = &mut self.record.attributes;
+        match bit {
+            // A callsite names each field once: one being created, or not written yet, is new.
+            Some(bit) if self.fresh || self.record.recorded & bit == 0 => {
+                attributes.push(key, value);
+                self.record.recorded |= bit;
             }
-            "otel.status_message" => {
-                if let Value::Text(message) = value {
-                    self.status_message = Some(message);
-                }
-            }
-            _ => match self.attributes.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, old)) => *old = value,
-                None => self.attributes.push((key, value)),
-            },
+            _ if self.fresh => attributes.push(key, value),
+            _ => attributes.set(key, value),
         }
     }
 }
 
-impl Visit for SpanRecord {
+impl Visit for Fields<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.set(field.name(), Value::Text(format!("{value:?}")));
+        let formatted = self.formatted;
+        match formatted.iter().find(|(index, _)| *index == field.index()) {
+            Some((_, text)) => self.put(field, Value::Text(text)),
+            None => self.put(field, Value::Debug(value)),
+        }
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.set(field.name(), Value::Text(value.to_owned()));
+        self.put(field, Value::Text(value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.set(field.name(), Value::Int(value));
+        self.put(field, Value::Int(value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        let value =
-            i64::try_from(value).map_or_else(|_| Value::Text(value.to_string()), Value::Int);
-        self.set(field.name(), value);
+        match i64::try_from(value) {
+            Ok(value) => self.put(field, Value::Int(value)),
+            Err(_) => self.put(field, Value::Text(&value.to_string())),
+        }
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.set(field.name(), Value::Bool(value));
+        self.put(field, Value::Bool(value));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.set(field.name(), Value::Float(value));
+        self.put(field, Value::Float(value));
     }
 }
 
@@ -208,24 +267,126 @@ impl SpanQueue {
     }
 }
 
-/// The recording layer.
-#[derive(Debug, Clone)]
+/// The recording subscriber: toolgate's spans, kept in its own tables, and every event passed
+/// to the log subscriber.
+///
+/// A span is one slot in one of [`SHARDS`] locked tables (picked by its random span id, so
+/// two threads rarely want the same lock, and each held only to read or write one record), and
+/// entering it is a push on the thread's own stack: no registry lookup, no per-layer filter
+/// check and no reference count on every poll of an instrumented future, which was most of
+/// what traces cost a call through a `tracing-subscriber` registry. No code outside the
+/// recorder runs while a table is locked (a field's `Debug` is formatted before), so a span
+/// made while formatting one cannot deadlock.
+///
+/// Spans recorded: those of toolgate's own crates (target `toolgate*`), at debug level and
+/// above (toolgate writes no span at trace level), so a library's span can carry nothing
+/// toolgate's do not. Other spans are disabled while traces are on: log lines then carry the
+/// trace and span ids (JSON) rather than the names and fields of library spans around them.
 pub(crate) struct Recorder {
+    tables: [Mutex<Slab<Node>>; SHARDS],
+    /// Tells this recorder's entries on the threads' stacks from another's (tests make
+    /// several).
+    instance: u64,
     queue: Arc<SpanQueue>,
+    /// Writes the log lines: its own filter decides which events, and it never sees a span.
+    logs: Box<dyn Subscriber + Send + Sync>,
+}
+
+/// How many tables the open spans are spread over.
+const SHARDS: usize = 16;
+/// The bits of a span's `Id` naming its table (the rest is its slot, plus one).
+const SHARD_BITS: u32 = 4;
+
+thread_local! {
+    /// The thread's entered spans, the current one last, each with its recorder's instance.
+    static ENTERED: RefCell<Vec<(u64, Id)>> = const { RefCell::new(Vec::new()) };
+}
+
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
+
+impl fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorder")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One open span.
+struct Node {
+    metadata: &'static Metadata<'static>,
+    /// Handles to the span (`Span` values and clones); the span closes when the last goes.
+    handles: usize,
+    record: SpanRecord,
 }
 
 impl Recorder {
-    /// A recorder queueing closed spans on `queue`; installs the libraries' access to the
-    /// records ([`toolgate_core::trace`]).
-    pub(crate) fn new(queue: Arc<SpanQueue>) -> Recorder {
+    /// A recorder queueing closed spans on `queue` and passing events to `logs`; installs the
+    /// libraries' access to the records ([`toolgate_core::trace`]).
+    pub(crate) fn new(queue: Arc<SpanQueue>, logs: Box<dyn Subscriber + Send + Sync>) -> Recorder {
         toolgate_core::trace::install_access(ContextAccess(access));
-        Recorder { queue }
+        Recorder {
+            tables: std::array::from_fn(|_| Mutex::new(Slab::new())),
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
+            queue,
+            logs,
+        }
     }
+
+    fn records(metadata: &Metadata<'_>) -> bool {
+        metadata.is_span() && metadata.target().starts_with("toolgate")
+    }
+
+    /// Runs `f` on the open span `id`, its table locked.
+    fn with_node<R>(&self, id: &Id, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
+        let id = id.into_u64();
+        let shard = usize::try_from(id & ((1 << SHARD_BITS) - 1)).ok()?;
+        let slot = usize::try_from((id >> SHARD_BITS).checked_sub(1)?).ok()?;
+        let mut table = self.tables[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        table.get_mut(slot).map(f)
+    }
+
+    fn context(&self, id: &Id) -> Option<SpanContext> {
+        self.with_node(id, |node| node.record.context.clone())
+    }
+
+    fn current(&self) -> Option<Id> {
+        ENTERED.with_borrow(|entered| {
+            entered
+                .iter()
+                .rev()
+                .find(|(instance, _)| *instance == self.instance)
+                .map(|(_, id)| id.clone())
+        })
+    }
+}
+
+thread_local! {
+    /// The thread's id generator: SplitMix64, seeded from the operating system's randomness
+    /// on first use. Ids need to be unique and unpredictable enough not to collide across
+    /// processes, not secret; this costs a few instructions an id, where a cryptographic
+    /// generator cost a hundred.
+    static IDS: Cell<u64> = Cell::new(rand::random());
+}
+
+fn next_id() -> u64 {
+    IDS.with(|state| {
+        let next = state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        state.set(next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    })
 }
 
 fn random_trace_id() -> TraceId {
     loop {
-        let id: [u8; 16] = rand::random();
+        let mut id = [0; 16];
+        id[..8].copy_from_slice(&next_id().to_le_bytes());
+        id[8..].copy_from_slice(&next_id().to_le_bytes());
         if id != [0; 16] {
             return TraceId(id);
         }
@@ -234,28 +395,54 @@ fn random_trace_id() -> TraceId {
 
 fn random_span_id() -> SpanId {
     loop {
-        let id: [u8; 8] = rand::random();
+        let id = next_id().to_le_bytes();
         if id != [0; 8] {
             return SpanId(id);
         }
     }
 }
 
-impl<S> Layer<S> for Recorder
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else {
-            return;
+impl Subscriber for Recorder {
+    fn on_register_dispatch(&self, subscriber: &Dispatch) {
+        self.logs.on_register_dispatch(subscriber);
+    }
+
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if metadata.is_span() {
+            if Recorder::records(metadata) {
+                Interest::always()
+            } else {
+                Interest::never()
+            }
+        } else {
+            self.logs.register_callsite(metadata)
+        }
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        if metadata.is_span() {
+            Recorder::records(metadata)
+        } else {
+            self.logs.enabled(metadata)
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        // toolgate's spans are at debug level or above.
+        let logs = self.logs.max_level_hint().unwrap_or(LevelFilter::TRACE);
+        Some(logs.max(LevelFilter::DEBUG))
+    }
+
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        // The parent: explicit, or the current span; a root otherwise (or when the parent is
+        // not one of ours).
+        let parent = if attrs.is_root() {
+            None
+        } else if let Some(parent) = attrs.parent() {
+            self.context(parent)
+        } else {
+            self.current().and_then(|parent| self.context(&parent))
         };
-        // The nearest recorded ancestor (the registry's parent, explicit or contextual).
-        let parent = span.parent().and_then(|parent| {
-            parent
-                .extensions()
-                .get::<SpanRecord>()
-                .map(|record| record.context.clone())
-        });
         let (trace_id, parent_id, sampled, trace_state) = match parent {
             Some(parent) => (
                 parent.trace_id,
@@ -267,10 +454,11 @@ where
         };
         let now = SystemTime::now();
         let metadata = attrs.metadata();
+        let span_id = random_span_id();
         let mut record = SpanRecord {
             context: SpanContext {
                 trace_id,
-                span_id: random_span_id(),
+                span_id,
                 sampled,
                 trace_state,
                 remote: false,
@@ -283,98 +471,179 @@ where
             status_message: None,
             start: now,
             end: now,
-            attributes: Vec::with_capacity(metadata.fields().len()),
+            // Room for the usual attribute: a name and a short value.
+            attributes: OtlpAttributes::with_capacity(metadata.fields().len() * 48),
+            recorded: 0,
             links: Vec::new(),
         };
-        attrs.record(&mut record);
-        span.extensions_mut().insert(record);
+        // Fields are written before any table is locked: a `Debug` may do anything.
+        attrs.record(&mut Fields {
+            record: &mut record,
+            fresh: true,
+            formatted: &[],
+        });
+        let node = Node {
+            metadata,
+            handles: 1,
+            record,
+        };
+        let shard = usize::from(span_id.0[0]) % SHARDS;
+        let slot = self.tables[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(node);
+        let id = u64::try_from(slot)
+            .ok()
+            .and_then(|slot| slot.checked_add(1))
+            .and_then(|slot| slot.checked_mul(1 << SHARD_BITS))
+            .unwrap_or(u64::MAX);
+        Id::from_u64(id | u64::try_from(shard).unwrap_or(0))
     }
 
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id)
-            && let Some(record) = span.extensions_mut().get_mut::<SpanRecord>()
-        {
-            values.record(record);
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        // `Debug` values are formatted first, outside the table's lock.
+        let mut formatted = Formatted::default();
+        values.record(&mut formatted);
+        self.with_node(span, |node| {
+            values.record(&mut Fields {
+                record: &mut node.record,
+                fresh: false,
+                formatted: &formatted.0,
+            });
+        });
+    }
+
+    fn record_follows_from(&self, span: &Id, follows: &Id) {
+        if let Some(other) = self.context(follows) {
+            self.with_node(span, |node| node.record.links.push(other));
         }
     }
 
-    fn on_follows_from(&self, id: &Id, follows: &Id, ctx: Context<'_, S>) {
-        let Some(other) = ctx.span(follows).and_then(|span| {
-            span.extensions()
-                .get::<SpanRecord>()
-                .map(|r| r.context.clone())
-        }) else {
-            return;
-        };
-        if let Some(span) = ctx.span(id)
-            && let Some(record) = span.extensions_mut().get_mut::<SpanRecord>()
+    fn event_enabled(&self, event: &Event<'_>) -> bool {
+        self.logs.event_enabled(event)
+    }
+
+    fn event(&self, event: &Event<'_>) {
+        self.logs.event(event);
+    }
+
+    fn enter(&self, span: &Id) {
+        ENTERED.with_borrow_mut(|entered| entered.push((self.instance, span.clone())));
+    }
+
+    fn exit(&self, span: &Id) {
+        ENTERED.with_borrow_mut(|entered| {
+            // Spans exit in the reverse order of entering, all but always.
+            if let Some(at) = entered
+                .iter()
+                .rposition(|(instance, id)| *instance == self.instance && id == span)
+            {
+                entered.remove(at);
+            }
+        });
+    }
+
+    fn current_span(&self) -> Current {
+        match self
+            .current()
+            .and_then(|id| Some((self.with_node(&id, |node| node.metadata)?, id)))
         {
-            record.links.push(other);
+            Some((metadata, id)) => Current::new(id, metadata),
+            None => Current::none(),
         }
     }
 
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(&id) else {
-            return;
+    fn clone_span(&self, span: &Id) -> Id {
+        self.with_node(span, |node| node.handles += 1);
+        span.clone()
+    }
+
+    fn try_close(&self, span: Id) -> bool {
+        let id = span.into_u64();
+        let Some((shard, slot)) = usize::try_from(id & ((1 << SHARD_BITS) - 1)).ok().zip(
+            (id >> SHARD_BITS)
+                .checked_sub(1)
+                .and_then(|slot| usize::try_from(slot).ok()),
+        ) else {
+            return false;
         };
-        let Some(mut record) = span.extensions_mut().remove::<SpanRecord>() else {
-            return;
+        let mut table = self.tables[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(node) = table.get_mut(slot) else {
+            return false;
         };
+        node.handles -= 1;
+        if node.handles > 0 {
+            return false;
+        }
+        let mut record = table.remove(slot).record;
+        drop(table);
         if record.context.sampled {
             record.end = SystemTime::now();
             self.queue.push(record);
         }
+        true
     }
 }
 
-/// The libraries' access to a span's record, through the registry of the dispatcher the span
-/// belongs to (nothing when that subscriber is not a registry or does not record the span).
+/// The libraries' access to a span's record, through the recorder the span belongs to
+/// (nothing when the dispatcher is not a recorder or the span is not recorded).
 fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
-    let Some(registry) = dispatch.downcast_ref::<tracing_subscriber::Registry>() else {
-        return;
-    };
-    let Some(span) = registry.span(id) else {
-        return;
-    };
-    if let Access::Read(context) = what {
-        *context = span
-            .extensions()
-            .get::<SpanRecord>()
-            .map(|record| record.context.clone());
-        return;
-    }
-    let mut extensions = span.extensions_mut();
-    let Some(record) = extensions.get_mut::<SpanRecord>() else {
+    let Some(recorder) = dispatch.downcast_ref::<Recorder>() else {
         return;
     };
     match what {
-        Access::Read(_) => {}
+        Access::Read(context) => *context = recorder.context(id),
         Access::SetParent(parent) => {
-            record.context.trace_id = parent.trace_id;
-            record.context.sampled = parent.sampled;
-            record.context.trace_state = parent.trace_state;
-            record.parent = Some(parent.span_id);
-            record.parent_remote = parent.remote;
+            recorder.with_node(id, |node| {
+                let record = &mut node.record;
+                record.context.trace_id = parent.trace_id;
+                record.context.sampled = parent.sampled;
+                record.context.trace_state = parent.trace_state;
+                record.parent = Some(parent.span_id);
+                record.parent_remote = parent.remote;
+            });
         }
-        Access::Link(other) => record.links.push(other),
+        Access::Link(other) => {
+            recorder.with_node(id, |node| node.record.links.push(other));
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracing_subscriber::layer::SubscriberExt as _;
+    use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+    use prost::Message as _;
+    use std::sync::atomic::AtomicUsize;
 
     fn recorded(queue: &Arc<SpanQueue>, work: impl FnOnce()) -> Vec<SpanRecord> {
-        let subscriber = tracing_subscriber::registry().with(Recorder::new(Arc::clone(queue)));
+        let logs = Box::new(tracing::subscriber::NoSubscriber::default());
+        let subscriber = Recorder::new(Arc::clone(queue), logs);
         tracing::subscriber::with_default(subscriber, work);
         queue.take(usize::MAX)
     }
 
-    fn attribute<'a>(span: &'a SpanRecord, key: &str) -> Option<&'a Value> {
-        span.attributes
-            .iter()
-            .find(|(k, _)| *k == key)
+    /// The span's attributes, read back with the official proto's generated messages.
+    fn attributes(span: &SpanRecord) -> Vec<(String, any_value::Value)> {
+        let mut bytes = span.attributes.encoded();
+        let mut out = Vec::new();
+        while let Some((&tag, mut rest)) = bytes.split_first() {
+            assert_eq!(tag, 9 << 3 | 2, "each attribute is field 9 of Span");
+            let length = prost::encoding::decode_varint(&mut rest).unwrap();
+            let length = usize::try_from(length).unwrap();
+            let kv = KeyValue::decode(&rest[..length]).unwrap();
+            out.push((kv.key, kv.value.and_then(|v| v.value).unwrap()));
+            bytes = &rest[length..];
+        }
+        out
+    }
+
+    fn attribute(span: &SpanRecord, key: &str) -> Option<any_value::Value> {
+        attributes(span)
+            .into_iter()
+            .find(|(k, _)| k == key)
             .map(|(_, v)| v)
     }
 
@@ -388,9 +657,11 @@ mod tests {
                 otel.kind = "server",
                 rpc.system = "grpc",
                 late = tracing::field::Empty,
+                again = 1_u64,
             );
             let _entered = outer.enter();
             outer.record("late", 7_u64);
+            outer.record("again", 2_u64);
             let inner = tracing::info_span!("child", otel.status_code = tracing::field::Empty);
             inner.record("otel.status_code", "error");
             drop(inner);
@@ -402,9 +673,22 @@ mod tests {
         assert_eq!(outer.parent, None);
         assert_eq!(
             attribute(outer, "rpc.system"),
-            Some(&Value::Text("grpc".into()))
+            Some(any_value::Value::StringValue("grpc".into()))
         );
-        assert_eq!(attribute(outer, "late"), Some(&Value::Int(7)));
+        assert_eq!(
+            attribute(outer, "late"),
+            Some(any_value::Value::IntValue(7))
+        );
+        assert_eq!(
+            attribute(outer, "again"),
+            Some(any_value::Value::IntValue(2))
+        );
+        let names: Vec<String> = attributes(outer).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            names,
+            ["rpc.system", "late", "again"],
+            "a field recorded again replaces its value"
+        );
         assert_eq!(attribute(outer, "otel.kind"), None);
         assert_eq!(inner.name, "child");
         assert_eq!(inner.kind, Kind::Internal);
@@ -476,5 +760,82 @@ mod tests {
         });
         assert_eq!(spans.len(), 2);
         assert_eq!(queue.dropped(), 3);
+    }
+
+    /// A log subscriber that counts the events it is given and refuses debug ones.
+    struct CountingLogs(Arc<AtomicUsize>);
+
+    impl Subscriber for CountingLogs {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            *metadata.level() <= tracing::Level::INFO
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            panic!("the log subscriber is never given a span")
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn events_go_to_the_logs_and_only_toolgate_spans_are_recorded() {
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let events = Arc::new(AtomicUsize::new(0));
+        let logs = Box::new(CountingLogs(Arc::clone(&events)));
+        tracing::subscriber::with_default(Recorder::new(Arc::clone(&queue), logs), || {
+            let call = tracing::debug_span!("execute_tool");
+            let _in_call = call.enter();
+            let library = tracing::info_span!(target: "hyper::proto", "library");
+            assert!(library.is_disabled());
+            let _in_library = library.enter();
+            tracing::info!("kept");
+            tracing::debug!("refused by the log filter");
+            let child = tracing::debug_span!("connector.invoke");
+            assert_eq!(
+                tracing::Span::current().metadata().map(|m| m.name()),
+                Some("execute_tool")
+            );
+            let clone = child.clone();
+            drop(child);
+            assert!(queue.take(usize::MAX).is_empty(), "a clone keeps it open");
+            drop(clone);
+        });
+        assert_eq!(events.load(Ordering::SeqCst), 1);
+        let spans = queue.take(usize::MAX);
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names, ["connector.invoke", "execute_tool"]);
+        assert_eq!(spans[0].parent, Some(spans[1].context.span_id));
+    }
+
+    #[test]
+    fn spans_left_out_of_order_leave_the_right_current_span() {
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let spans = recorded(&queue, || {
+            let a = tracing::info_span!("a");
+            let b = tracing::info_span!("b");
+            let in_a = a.enter();
+            let in_b = b.enter();
+            drop(in_a);
+            assert_eq!(
+                tracing::Span::current().metadata().map(|m| m.name()),
+                Some("b")
+            );
+            drop(in_b);
+            assert!(tracing::Span::current().is_none());
+            let root = tracing::info_span!(parent: None, "root");
+            let under_b = tracing::info_span!(parent: &b, "under_b");
+            drop((root, under_b, a, b));
+        });
+        let by_name = |name: &str| spans.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(by_name("root").parent, None);
+        assert_eq!(
+            by_name("under_b").parent,
+            Some(by_name("b").context.span_id)
+        );
+        assert_eq!(by_name("b").parent, None);
     }
 }
