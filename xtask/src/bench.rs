@@ -63,9 +63,10 @@
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
-//! - `--instructions`: also count the instructions per call of a plain and an observed gateway
-//!   under valgrind's callgrind (`bench/instructions.rs`): what observing adds, independent of
-//!   the machine's load (2,000 calls each; `--quick`: 500).
+//! - `--no-instructions`: skip counting the instructions per call of a plain and an observed
+//!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
+//!   valgrind is installed): what observing adds, independent of the machine's load (2,000
+//!   calls each; `--quick`: 500). `--instructions` insists (fails without valgrind).
 //! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
 //!   port), to compare the throughput with metrics on and off.
 //!
@@ -155,7 +156,7 @@ struct Options {
     otlp_sink: bool,
     redaction_only: bool,
     overhead_only: bool,
-    instructions: bool,
+    instructions: Count,
     metrics: bool,
 }
 
@@ -184,7 +185,7 @@ impl Options {
             otlp_sink: false,
             redaction_only: false,
             overhead_only: false,
-            instructions: false,
+            instructions: Count::WhenInstalled,
             metrics: false,
         };
         let mut starts: Option<usize> = None;
@@ -216,7 +217,8 @@ impl Options {
                 "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
                 "--overhead-only" => options.overhead_only = true,
-                "--instructions" => options.instructions = true,
+                "--instructions" => options.instructions = Count::Always,
+                "--no-instructions" => options.instructions = Count::Never,
                 "--metrics" => options.metrics = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
@@ -237,7 +239,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--instructions | --no-instructions] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -490,16 +492,32 @@ async fn measure_overhead(
     .await
 }
 
-/// With `--instructions`: instructions per call of a plain and an observed gateway; their
-/// callgrind profiles are kept under `target/bench/` for `callgrind_annotate`.
+/// Whether the instructions per call are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// When valgrind is installed (the default).
+    WhenInstalled,
+    Always,
+    Never,
+}
+
+/// Instructions per call of a plain and an observed gateway; their callgrind profiles are
+/// kept under `target/bench/` for `callgrind_annotate`.
 async fn measure_instructions(
     options: &Options,
     own_binary: &Path,
     gateway_binary: &Path,
     target_dir: &Path,
 ) -> anyhow::Result<Option<instructions::Instructions>> {
-    if !options.instructions {
-        return Ok(None);
+    match options.instructions {
+        Count::Never => return Ok(None),
+        Count::WhenInstalled if !instructions::available() => {
+            println!(
+                "\n==> instructions per call: skipped, valgrind is not installed (Debian's package valgrind)"
+            );
+            return Ok(None);
+        }
+        Count::WhenInstalled | Count::Always => {}
     }
     let calls = if options.quick { 500 } else { 2_000 };
     println!(

@@ -53,6 +53,21 @@ impl Instructions {
     }
 }
 
+/// What counting runs.
+const TOOLS: [&str; 2] = ["valgrind", "callgrind_control"];
+
+/// Whether valgrind's tools are installed.
+pub(crate) fn available() -> bool {
+    TOOLS.iter().all(|tool| installed(tool))
+}
+
+fn installed(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
 /// The kept profile of the plain gateway's counted calls.
 pub(crate) const PLAIN_PROFILE: &str = "callgrind-plain.out";
 /// The kept profile of the observed gateway's counted calls.
@@ -65,12 +80,8 @@ pub(crate) async fn measure(
     calls: u64,
     keep: &Path,
 ) -> anyhow::Result<Instructions> {
-    for tool in ["valgrind", "callgrind_control"] {
-        let found = Command::new(tool)
-            .arg("--version")
-            .output()
-            .is_ok_and(|out| out.status.success());
-        if !found {
+    for tool in TOOLS {
+        if !installed(tool) {
             bail!("counting instructions needs `{tool}` (Debian's package valgrind)");
         }
     }

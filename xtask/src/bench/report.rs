@@ -133,7 +133,7 @@ impl Report {
     }
 
     fn checks(&self) -> Vec<Check> {
-        vec![
+        let checks = vec![
             Check {
                 name: "throughput ratio gateway/echo",
                 value: self.ratio(),
@@ -189,6 +189,17 @@ impl Report {
                 limit: 0.95,
                 at_least: true,
             },
+            // The same cost as work, which the machine's load does not move (with callgrind).
+            Check {
+                name: "instructions traced+metrics / plain",
+                // Not a target when not counted (`--no-instructions`, no valgrind).
+                value: self
+                    .instructions
+                    .map_or(f64::NAN, |counted| 1.0 + counted.added()),
+                unit: "",
+                limit: 1.05,
+                at_least: false,
+            },
             Check {
                 name: "gateway throughput on PostgreSQL",
                 value: self
@@ -220,7 +231,11 @@ impl Report {
                 limit: 100.0,
                 at_least: false,
             },
-        ]
+        ];
+        checks
+            .into_iter()
+            .filter(|check| !check.value.is_nan())
+            .collect()
     }
 
     /// Prints the table.

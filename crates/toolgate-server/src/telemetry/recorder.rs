@@ -353,13 +353,18 @@ impl Recorder {
     }
 
     fn current(&self) -> Option<Id> {
-        ENTERED.with_borrow(|entered| {
-            entered
-                .iter()
-                .rev()
-                .find(|(instance, _)| *instance == self.instance)
-                .map(|(_, id)| id.clone())
-        })
+        // A thread's stack is gone only while the thread ends: nothing is current then.
+        ENTERED
+            .try_with(|entered| {
+                entered
+                    .borrow()
+                    .iter()
+                    .rev()
+                    .find(|(instance, _)| *instance == self.instance)
+                    .map(|(_, id)| id.clone())
+            })
+            .ok()
+            .flatten()
     }
 }
 
@@ -528,11 +533,14 @@ impl Subscriber for Recorder {
     }
 
     fn enter(&self, span: &Id) {
-        ENTERED.with_borrow_mut(|entered| entered.push((self.instance, span.clone())));
+        let _ = ENTERED.try_with(|entered| {
+            entered.borrow_mut().push((self.instance, span.clone()));
+        });
     }
 
     fn exit(&self, span: &Id) {
-        ENTERED.with_borrow_mut(|entered| {
+        let _ = ENTERED.try_with(|entered| {
+            let mut entered = entered.borrow_mut();
             // Spans exit in the reverse order of entering, all but always.
             if let Some(at) = entered
                 .iter()
