@@ -337,15 +337,25 @@ impl Recorder {
         metadata.is_span() && metadata.target().starts_with("toolgate")
     }
 
-    /// Runs `f` on the open span `id`, its table locked.
-    fn with_node<R>(&self, id: &Id, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
+    /// The table and slot of span `id`.
+    fn locate(id: &Id) -> Option<(usize, usize)> {
         let id = id.into_u64();
         let shard = usize::try_from(id & ((1 << SHARD_BITS) - 1)).ok()?;
         let slot = usize::try_from((id >> SHARD_BITS).checked_sub(1)?).ok()?;
-        let mut table = self.tables[shard]
+        Some((shard, slot))
+    }
+
+    /// The table `shard`, locked.
+    fn table(&self, shard: usize) -> std::sync::MutexGuard<'_, Slab<Node>> {
+        self.tables[shard]
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        table.get_mut(slot).map(f)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the open span `id`, its table locked.
+    fn with_node<R>(&self, id: &Id, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
+        let (shard, slot) = Recorder::locate(id)?;
+        self.table(shard).get_mut(slot).map(f)
     }
 
     fn context(&self, id: &Id) -> Option<SpanContext> {
@@ -493,10 +503,7 @@ impl Subscriber for Recorder {
             record,
         };
         let shard = usize::from(span_id.0[0]) % SHARDS;
-        let slot = self.tables[shard]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(node);
+        let slot = self.table(shard).insert(node);
         let id = u64::try_from(slot)
             .ok()
             .and_then(|slot| slot.checked_add(1))
@@ -567,17 +574,10 @@ impl Subscriber for Recorder {
     }
 
     fn try_close(&self, span: Id) -> bool {
-        let id = span.into_u64();
-        let Some((shard, slot)) = usize::try_from(id & ((1 << SHARD_BITS) - 1)).ok().zip(
-            (id >> SHARD_BITS)
-                .checked_sub(1)
-                .and_then(|slot| usize::try_from(slot).ok()),
-        ) else {
+        let Some((shard, slot)) = Recorder::locate(&span) else {
             return false;
         };
-        let mut table = self.tables[shard]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.table(shard);
         let Some(node) = table.get_mut(slot) else {
             return false;
         };
