@@ -63,6 +63,7 @@
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
+//! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
 //! - `--no-instructions`: skip counting the instructions per call of a plain and an observed
 //!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
 //!   valgrind is installed): what observing adds, independent of the machine's load (2,000
@@ -156,6 +157,7 @@ struct Options {
     otlp_sink: bool,
     redaction_only: bool,
     overhead_only: bool,
+    postgres_only: bool,
     instructions: Count,
     metrics: bool,
 }
@@ -185,6 +187,7 @@ impl Options {
             otlp_sink: false,
             redaction_only: false,
             overhead_only: false,
+            postgres_only: false,
             instructions: Count::WhenInstalled,
             metrics: false,
         };
@@ -217,6 +220,7 @@ impl Options {
                 "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
                 "--overhead-only" => options.overhead_only = true,
+                "--postgres-only" => options.postgres_only = true,
                 "--instructions" => options.instructions = Count::Always,
                 "--no-instructions" => options.instructions = Count::Never,
                 "--metrics" => options.metrics = true,
@@ -239,7 +243,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--instructions | --no-instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--postgres-only] [--instructions | --no-instructions] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -305,6 +309,23 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    if options.postgres_only {
+        let url = crate::pg::running_server_url()
+            .context("no PostgreSQL server at TOOLGATE_TEST_PG_URL or 127.0.0.1:5432")?;
+        let (figures, _storage) =
+            runtime.block_on(measure_postgres(options, &gateway_binary, &url))?;
+        println!(
+            "\ngateway on PostgreSQL: {:.0} calls/s closed loop ({} failed); at {} calls/s p50 {} µs, p99 {} µs ({} failed)",
+            figures.closed.throughput(),
+            figures.closed.failed,
+            options.rate,
+            figures.open.latency.p50.as_micros(),
+            figures.open.latency.p99.as_micros(),
+            figures.open.failed
+        );
+        return Ok(());
+    }
+
     println!("\n==> redaction of a typical call (in-process)");
     let redaction = redaction::measure(options.duration.min(Duration::from_secs(3)));
     println!(
@@ -367,13 +388,17 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         target_dir,
     ))?;
 
-    let postgres = match crate::pg::running_server_url() {
-        Some(url) => Some(runtime.block_on(measure_postgres(options, &gateway_binary, &url))?),
+    let (postgres, postgres_storage) = match crate::pg::running_server_url() {
+        Some(url) => {
+            let (figures, storage) =
+                runtime.block_on(measure_postgres(options, &gateway_binary, &url))?;
+            (Some(figures), storage)
+        }
         None => {
             println!(
                 "\n==> gateway on PostgreSQL: skipped, no server at TOOLGATE_TEST_PG_URL or 127.0.0.1:5432"
             );
-            None
+            (None, None)
         }
     };
 
@@ -421,6 +446,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         overhead,
         instructions,
         postgres,
+        postgres_storage,
         redaction,
     };
     report.print();
@@ -535,17 +561,20 @@ async fn measure_instructions(
 }
 
 /// The gateway on a PostgreSQL ledger (a fresh schema, dropped afterwards when `psql` is
-/// available): the same closed and open loops.
+/// available): the same closed and open loops, and what the server wrote for them (when
+/// `psql` is available).
 async fn measure_postgres(
     options: &Options,
     gateway_binary: &Path,
     url: &str,
-) -> anyhow::Result<TargetFigures> {
+) -> anyhow::Result<(TargetFigures, Option<postgres::Storage>)> {
     let schema = format!("toolgate_bench_{}", std::process::id());
     println!("\n==> gateway on PostgreSQL (schema {schema})");
     let gateway = Gateway::start(gateway_binary, Some((url, &schema)), true, &[])?;
+    let mut since = None;
     let result = async {
         let target = gateway.prepare().await?;
+        since = postgres::wal_position(url);
         let (closed, open, ledger) =
             measure_target(options, &target, gateway.pid(), gateway.metrics_url()).await?;
         let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
@@ -558,8 +587,12 @@ async fn measure_postgres(
     }
     .await;
     drop(gateway);
+    let storage = since.and_then(|since| postgres::storage(url, &schema, &since));
+    if let Some(storage) = &storage {
+        println!("  {}", storage.summary());
+    }
     postgres::drop_schema(url, &schema);
-    result
+    Ok((result?, storage))
 }
 
 /// The closed loop, then the open loop, against one target.

@@ -34,7 +34,7 @@ use crate::rows::{
     pending_from_row, permission_from_row, policy_set_from_row, read_error, run_from_row,
     tenant_from_row, token_from_row,
 };
-use crate::sql::{Db, query};
+use crate::sql::{Db, Dialect, query};
 use crate::store::Store;
 use crate::verify::VerifyWith;
 
@@ -44,6 +44,9 @@ pub(crate) trait Backend: Send + Sync + Debug + 'static {
     type Reader<'a>: Db
     where
         Self: 'a;
+
+    /// The SQL dialect of its connections.
+    const DIALECT: Dialect;
 
     fn reader(&self) -> Self::Reader<'_>;
 
@@ -487,14 +490,22 @@ impl<B: Backend> Store for B {
         tenant: &TenantId,
         id: &ToolCallId,
     ) -> Result<Option<SealedAnswer>, LedgerError> {
-        query(
-            "SELECT answer_sealed, answer_expires_at FROM tool_calls \
-             WHERE tenant = $1 AND id = $2 AND answer_sealed IS NOT NULL",
-        )
-        .bind(tenant.as_str())
-        .bind(id.as_str())
-        .optional(self.reader(), answer_from_row)
-        .await
+        // PostgreSQL keeps sealed answers in a table of their own, so that a call's finish
+        // changes no indexed column of `tool_calls` (see its migration 0010).
+        let read = match B::DIALECT {
+            Dialect::Sqlite => query(
+                "SELECT answer_sealed, answer_expires_at FROM tool_calls \
+                 WHERE tenant = $1 AND id = $2 AND answer_sealed IS NOT NULL",
+            ),
+            Dialect::Postgres => query(
+                "SELECT sealed AS answer_sealed, expires_at AS answer_expires_at \
+                 FROM call_answers WHERE tenant = $1 AND call_id = $2",
+            ),
+        };
+        read.bind(tenant.as_str())
+            .bind(id.as_str())
+            .optional(self.reader(), answer_from_row)
+            .await
     }
 
     async fn purge_answers(&self, now: Timestamp, limit: u32) -> Result<u64, LedgerError> {

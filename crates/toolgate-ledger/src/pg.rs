@@ -51,6 +51,7 @@ use crate::error::LedgerError;
 use crate::model::{ToolCallRecord, VerifyReport};
 use crate::ops::{Command, Counters, OpKind, Reply, WriteOp, WriterStats};
 use crate::rows::{call_columns, call_from_row, read_error};
+use crate::sql::Dialect;
 use crate::verify::VerifyWith;
 use liveness::Liveness;
 use writer::{Writer, WriterSetup};
@@ -296,13 +297,12 @@ impl PgStore {
     /// Owners of `running` calls whose process is gone: their advisory lock is free.
     async fn dead_owners(&self) -> Result<Vec<i64>, LedgerError> {
         let mut conn = self.pool.acquire().await.map_err(read_error)?;
-        let owners: Vec<i64> = sqlx::query_scalar(
-            "SELECT DISTINCT owner FROM tool_calls WHERE status = 'running' AND owner <> $1",
-        )
-        .bind(self.instance)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(read_error)?;
+        let owners: Vec<i64> =
+            sqlx::query_scalar("SELECT DISTINCT owner FROM calls_in_flight WHERE owner <> $1")
+                .bind(self.instance)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(read_error)?;
         let mut dead = Vec::new();
         for owner in owners {
             let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
@@ -434,6 +434,7 @@ fn instance_key() -> i64 {
 
 impl Backend for PgStore {
     type Reader<'a> = &'a PgPool;
+    const DIALECT: Dialect = Dialect::Postgres;
 
     fn reader(&self) -> &PgPool {
         &self.pool
@@ -456,7 +457,8 @@ impl Backend for PgStore {
         let rows = sqlx::query(concat!(
             "SELECT ",
             call_columns!(),
-            " FROM tool_calls WHERE status = 'running' AND owner = ANY($1) ORDER BY seq LIMIT $2"
+            " FROM tool_calls WHERE id IN (SELECT call_id FROM calls_in_flight \
+              WHERE owner = ANY($1)) AND status = 'running' ORDER BY seq LIMIT $2"
         ))
         .bind(dead)
         .bind(i64::from(limit))

@@ -301,6 +301,7 @@ impl SqlConn for sqlx::SqliteConnection {
 
 impl Backend for SqliteStore {
     type Reader<'a> = &'a SqlitePool;
+    const DIALECT: Dialect = Dialect::Sqlite;
 
     fn reader(&self) -> &SqlitePool {
         &self.read

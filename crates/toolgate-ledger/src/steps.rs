@@ -282,16 +282,24 @@ impl<C: Conn> Steps<'_, C> {
                 .map(|outcome| Reply::Recorded(Box::new(outcome))),
             OpKind::FinishCall(finish) => self.finish_call(finish).await.map(Reply::Finished),
             OpKind::PurgeAnswers { now, limit } => {
-                let purged = query(
-                    "UPDATE tool_calls SET answer_sealed = NULL, answer_expires_at = NULL \
-                     WHERE id IN (SELECT id FROM tool_calls WHERE answer_sealed IS NOT NULL \
-                     AND answer_expires_at <= $1 ORDER BY answer_expires_at LIMIT $2)",
-                )
-                .bind(now.0)
-                .bind(i64::from(*limit))
-                .execute(self.conn.db())
-                .await
-                .map_err(unexpected(|| "sealed answers".to_owned()))?;
+                // PostgreSQL keeps answers in a table of their own (see `finish_call`).
+                let purge = match C::DIALECT {
+                    Dialect::Sqlite => query(
+                        "UPDATE tool_calls SET answer_sealed = NULL, answer_expires_at = NULL \
+                         WHERE id IN (SELECT id FROM tool_calls WHERE answer_sealed IS NOT NULL \
+                         AND answer_expires_at <= $1 ORDER BY answer_expires_at LIMIT $2)",
+                    ),
+                    Dialect::Postgres => query(
+                        "DELETE FROM call_answers WHERE call_id IN (SELECT call_id \
+                         FROM call_answers WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)",
+                    ),
+                };
+                let purged = purge
+                    .bind(now.0)
+                    .bind(i64::from(*limit))
+                    .execute(self.conn.db())
+                    .await
+                    .map_err(unexpected(|| "sealed answers".to_owned()))?;
                 Ok(Reply::Count(purged))
             }
             OpKind::AppendEvents(events) => {
@@ -488,6 +496,9 @@ impl<C: Conn> Steps<'_, C> {
         .execute(self.conn.db())
         .await
         .map_err(unexpected(|| "tool call".into()))?;
+        if resolution.call_status == ToolCallStatus::Running {
+            self.mark_in_flight(&tool_call_id).await?;
+        }
         query(RELEASE_PENDING)
             .bind(1_i64)
             .bind(resolution.tenant.as_str())
@@ -804,12 +815,12 @@ impl<C: Conn> Steps<'_, C> {
                  WHERE id = $15 AND tenant = $16 AND run = $17 AND evaluation = $18 \
                  AND status IN ('blocked', 'failed')",
             ),
+            // The answer of the refusal is deleted below, from its own table.
             Some(_) => query(
                 "UPDATE tool_calls SET tool = $1, action = $2, correlation_id = $3, status = $4, \
                  args_hash = $5, input_redacted = $6, output_redacted = $7, error_code = $8, \
                  error_text = $9, policy_decision_id = $10, risk_level = $11, duration_ms = $12, \
-                 attempts = $13, updated_at = $14, answer_sealed = NULL, \
-                 answer_expires_at = NULL, evaluation = evaluation + 1, owner = $19 \
+                 attempts = $13, updated_at = $14, evaluation = evaluation + 1, owner = $19 \
                  WHERE id = $15 AND tenant = $16 AND run = $17 AND evaluation = $18 \
                  AND status IN ('blocked', 'failed')",
             ),
@@ -862,6 +873,17 @@ impl<C: Conn> Steps<'_, C> {
                     call.id
                 )))),
             };
+        }
+
+        if C::DIALECT == Dialect::Postgres {
+            query("DELETE FROM call_answers WHERE call_id = $1 AND tenant = $2")
+                .bind(call.id.as_str())
+                .bind(call.tenant.as_str())
+                .execute(self.conn.db())
+                .await
+                .map_err(unexpected(|| {
+                    format!("the answer of tool call {}", call.id)
+                }))?;
         }
 
         // A policy denial the earlier evaluation left open is superseded by this one: it no
@@ -921,6 +943,10 @@ impl<C: Conn> Steps<'_, C> {
                 // The call row's foreign key proved the run exists: its budget is used up.
                 return self.block_for_budget(prepared).await;
             }
+        }
+
+        if call.status == ToolCallStatus::Running {
+            self.mark_in_flight(call.id.as_str()).await?;
         }
 
         if let Some((decision, policy_ids)) = &prepared.decision {
@@ -1023,7 +1049,38 @@ impl<C: Conn> Steps<'_, C> {
         Ok(RecordOutcome::BudgetExceeded(blocked))
     }
 
+    /// PostgreSQL: the call becomes one of this process's calls in flight (`calls_in_flight`,
+    /// where recovery looks for a dead process's calls). SQLite keeps none: its partial index
+    /// of `running` calls is that list.
+    async fn mark_in_flight(&mut self, call_id: &str) -> Result<(), Fail> {
+        let Some(owner) = self.owner else {
+            return Ok(());
+        };
+        query("INSERT INTO calls_in_flight (owner, call_id) VALUES ($1, $2)")
+            .bind(owner)
+            .bind(call_id)
+            .execute(self.conn.db())
+            .await
+            .map_err(unexpected(|| format!("tool call {call_id} in flight")))?;
+        Ok(())
+    }
+
     async fn finish_call(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
+        let finished = match C::DIALECT {
+            Dialect::Sqlite => self.finish_sqlite(prepared).await?,
+            Dialect::Postgres => self.finish_postgres(prepared).await?,
+        };
+        if !finished {
+            return Ok(false);
+        }
+        for event in &prepared.events {
+            self.append(event).await?;
+        }
+        Ok(true)
+    }
+
+    /// SQLite: the sealed answer is kept in the call's row.
+    async fn finish_sqlite(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
         let finish = &prepared.finish;
         let changed = query(
             "UPDATE tool_calls SET status = $1, output_redacted = $2, error_code = $3, \
@@ -1048,11 +1105,58 @@ impl<C: Conn> Steps<'_, C> {
             || format!("tool call {}", finish.id),
             || LedgerError::NotFound(format!("tool call {}", finish.id)),
         ))?;
-        if changed == 0 {
+        Ok(changed > 0)
+    }
+
+    /// PostgreSQL: the update changes no indexed column (so it can be HOT); the call leaves
+    /// `calls_in_flight` and its sealed answer goes into `call_answers`.
+    async fn finish_postgres(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
+        let finish = &prepared.finish;
+        let finished = query(
+            "UPDATE tool_calls SET status = $1, output_redacted = $2, error_code = $3, \
+             error_text = $4, duration_ms = $5, attempts = $6, updated_at = $7 \
+             WHERE id = $8 AND tenant = $9 AND status = 'running' RETURNING owner",
+        )
+        .bind(finish.status.as_str())
+        .bind(&prepared.output)
+        .bind(finish.error_code.map(|code| code.as_str()))
+        .bind(&finish.error_text)
+        .bind(finish.duration_ms)
+        .bind(finish.attempts)
+        .bind(finish.at.0)
+        .bind(finish.id.as_str())
+        .bind(finish.tenant.as_str())
+        .fetch_optional(self.conn.db())
+        .await
+        .map_err(refused(
+            || format!("tool call {}", finish.id),
+            || LedgerError::NotFound(format!("tool call {}", finish.id)),
+        ))?;
+        let Some(row) = finished else {
             return Ok(false);
-        }
-        for event in &prepared.events {
-            self.append(event).await?;
+        };
+        let owner = row.int("owner").map_err(Fail::Op)?;
+        query("DELETE FROM calls_in_flight WHERE owner = $1 AND call_id = $2")
+            .bind(owner)
+            .bind(finish.id.as_str())
+            .execute(self.conn.db())
+            .await
+            .map_err(unexpected(|| format!("tool call {} in flight", finish.id)))?;
+        if let (Some(answer), Some(expires_at)) = (&prepared.answer, prepared.answer_expires_at) {
+            query(
+                "INSERT INTO call_answers (call_id, tenant, sealed, expires_at) \
+                 VALUES ($1, $2, $3, $4)",
+            )
+            .bind(finish.id.as_str())
+            .bind(finish.tenant.as_str())
+            .bind(answer)
+            .bind(expires_at)
+            .execute(self.conn.db())
+            .await
+            .map_err(refused(
+                || format!("the answer of tool call {}", finish.id),
+                || LedgerError::NotFound(format!("tool call {}", finish.id)),
+            ))?;
         }
         Ok(true)
     }

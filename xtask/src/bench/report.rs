@@ -36,6 +36,8 @@ pub(crate) struct Report {
     pub(crate) instructions: Option<crate::bench::instructions::Instructions>,
     /// The gateway on a PostgreSQL ledger, when a server was available.
     pub(crate) postgres: Option<TargetFigures>,
+    /// What the PostgreSQL server wrote for that gateway's calls, when `psql` could read it.
+    pub(crate) postgres_storage: Option<super::postgres::Storage>,
     /// The redactor's cost per typical call.
     pub(crate) redaction: RedactionFigures,
 }
@@ -460,6 +462,9 @@ impl Report {
                     pg.open.failed,
                     kib_to_mib(pg.peak_rss_kib)
                 );
+                if let Some(storage) = &self.postgres_storage {
+                    let _ = writeln!(out, "  {}", storage.summary());
+                }
             }
             None => {
                 let _ = writeln!(out, "\ngateway on PostgreSQL: not measured (no server)");
@@ -631,6 +636,15 @@ impl Report {
                 "added": counted.added(),
             })),
             "gateway_postgres": self.postgres.as_ref().map(target_json),
+            "postgres_storage": self.postgres_storage.map(|storage| json!({
+                "calls": storage.calls,
+                "wal_bytes": storage.wal_bytes,
+                "wal_bytes_per_call": storage.wal_per_call(),
+                "tool_calls_updates": storage.call_updates,
+                "tool_calls_hot_updates": storage.hot_call_updates,
+                "disk_bytes": storage.disk_bytes,
+                "disk_bytes_per_call": storage.disk_per_call(),
+            })),
             "throughput_ratio": self.ratio(),
             "added_latency_us": {
                 "p50": self.added(|l| l.p50),

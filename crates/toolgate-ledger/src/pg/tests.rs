@@ -143,6 +143,11 @@ async fn a_batch_of_hot_writes_is_one_statement() {
         ),
         (1, 7, 0, 0)
     );
+    // The four new calls run; the waiting one does not, and `old-1` finished in the batch.
+    assert_eq!(
+        in_flight(&db).await,
+        ["call-1", "call-2", "call-3", "call-4"]
+    );
 
     let acme = tenant_id("acme");
     let run_now = store
@@ -261,6 +266,9 @@ async fn a_refused_bulk_write_falls_back_to_one_by_one() {
     );
     assert_eq!((stats.commits, stats.ops, stats.bulk_fallbacks), (1, 7, 1));
     assert!(stats.step_by_step >= 3, "{stats:?}");
+    // Written one by one: the calls that run are in flight, the one over budget never was,
+    // and the finished one left.
+    assert_eq!(in_flight(&db).await, ["call-1", "call-2", "call-3"]);
 
     let acme = tenant_id("acme");
     let run_now = store
@@ -1193,4 +1201,48 @@ async fn losing_the_instance_lock_stops_new_calls_until_it_is_taken_again() {
         None,
         "close releases the lock taken again"
     );
+}
+
+/// The ids of the calls in flight, in id order.
+async fn in_flight(db: &Db) -> Vec<String> {
+    let mut conn = db.pg_schema().raw().await;
+    sqlx::query_scalar("SELECT call_id FROM calls_in_flight ORDER BY call_id")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// A call's finish can be a HOT update (rewritten in place, no new index entry): no index of
+/// `tool_calls` reads a column the finish changes, in its key, an expression or a partial
+/// index's predicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_changes_no_indexed_column_of_the_call() {
+    let db = seeded(Backend::Pg, 10).await;
+    let mut conn = db.pg_schema().raw().await;
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT i.relname::text, pg_get_indexdef(x.indexrelid) \
+         FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+         WHERE x.indrelid = 'tool_calls'::regclass ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(indexes.len() >= 3, "{indexes:?}");
+    let finished = [
+        "status",
+        "output_redacted",
+        "error_code",
+        "error_text",
+        "duration_ms",
+        "attempts",
+        "updated_at",
+    ];
+    for (name, definition) in &indexes {
+        for column in finished {
+            assert!(
+                !definition.contains(column),
+                "index {name} reads {column}, which a finish changes: {definition}"
+            );
+        }
+    }
 }

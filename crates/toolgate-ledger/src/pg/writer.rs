@@ -819,6 +819,12 @@ impl Parts {
                  $16::text[], $17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) AS u \
                  RETURNING 1)",
             );
+            // A call that runs is in flight from the same statement on.
+            ctes.push(
+                "i AS (INSERT INTO calls_in_flight (owner, call_id) \
+                 SELECT $21::bigint, u.id FROM UNNEST($1::text[], $9::text[]) AS u(id, status) \
+                 WHERE u.status = 'running' RETURNING 1)",
+            );
         }
         if self.counts {
             ctes.push(
@@ -852,23 +858,33 @@ impl Parts {
                  RETURNING 1)",
             );
         }
-        // The running check is spelled so that it cannot use the partial index of running
-        // calls: that index keeps an entry for every call that ever ran until vacuum removes
-        // it, and scanning it on every batch made finishes slower the longer the gateway ran.
-        // The primary key finds each call directly.
+        // The primary key finds each call.
         let finished = if self.finishes {
             ctes.push(
                 "f AS (UPDATE tool_calls SET status = v.status, output_redacted = v.output, \
                  error_code = v.code, error_text = v.text, duration_ms = v.duration, \
-                 attempts = v.attempts, updated_at = v.at, answer_sealed = v.answer, \
-                 answer_expires_at = v.answer_expires \
+                 attempts = v.attempts, updated_at = v.at \
                  FROM UNNEST($50::text[], $51::text[], $52::text[], $53::text[], $54::text[], \
                  $55::text[], $56::bigint[], $57::bigint[], $58::bigint[], $74::text[], \
                  $75::bigint[]) \
                  AS v(id, tenant, status, output, code, text, duration, attempts, at, answer, \
                  answer_expires) \
                  WHERE tool_calls.id = v.id AND tool_calls.tenant = v.tenant \
-                 AND COALESCE(tool_calls.status, '') = 'running' RETURNING 1)",
+                 AND tool_calls.status = 'running' \
+                 RETURNING tool_calls.id, tool_calls.tenant, tool_calls.owner, v.answer, \
+                 v.answer_expires)",
+            );
+            // No indexed column of `tool_calls` changes above (so the update can be HOT): the
+            // call leaves the calls in flight and its sealed answer goes into its own table.
+            ctes.push(
+                "fi AS (DELETE FROM calls_in_flight USING f \
+                 WHERE calls_in_flight.owner = f.owner AND calls_in_flight.call_id = f.id \
+                 RETURNING 1)",
+            );
+            ctes.push(
+                "fa AS (INSERT INTO call_answers (call_id, tenant, sealed, expires_at) \
+                 SELECT f.id, f.tenant, f.answer, f.answer_expires FROM f \
+                 WHERE f.answer IS NOT NULL RETURNING 1)",
             );
             "(SELECT count(*) FROM f)"
         } else {

@@ -339,3 +339,80 @@ async fn pg_migration_keeps_existing_runs() {
     assert!(store.record_call(orphan).await.is_err());
     store.close().await;
 }
+
+/// Before migration 0010 of PostgreSQL a call in flight was a `running` row of `tool_calls`
+/// and a sealed answer was kept in the call's row: the migration moves both into their own
+/// tables, and recovery, replays and the purge find them there.
+#[cfg(feature = "postgres-tests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_migration_moves_calls_in_flight_and_answers_out_of_the_call_rows() {
+    let schema = PgSchema::fresh();
+    let (_migrations, migrator) = older_migrator("postgres", 9).await;
+    {
+        let mut conn = schema.raw().await;
+        conn.execute(sqlx::AssertSqlSafe(format!(
+            "CREATE SCHEMA {}",
+            schema.name()
+        )))
+        .await
+        .unwrap();
+        migrator.run(&mut conn).await.unwrap();
+        let calls = "INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
+             correlation_id, status, args_hash, input_redacted, attempts, created_at, \
+             updated_at, owner, answer_sealed, answer_expires_at) VALUES \
+             ('c-running', 'acme', 'run-1', 'bot', 'slack.post_message', 'post_message', \
+             'tu-1', 'corr', 'running', 'ab', '{}', 1, 1, 1, 424242, NULL, NULL), \
+             ('c-done', 'acme', 'run-1', 'bot', 'slack.post_message', 'post_message', \
+             'tu-2', 'corr', 'succeeded', 'ab', '{}', 1, 1, 2, 424242, 'sealed-answer', 5000)";
+        for statement in OLD_ROWS.iter().take(3).copied().chain([calls]) {
+            conn.execute(sqlx::AssertSqlSafe(statement)).await.unwrap();
+        }
+        conn.close().await.unwrap();
+    }
+    let store = schema.open().await;
+    let acme = tenant_id("acme");
+    // No process holds instance 424242's lock: its running call was interrupted.
+    let running = store.list_running_calls(10).await.unwrap();
+    assert_eq!(
+        running
+            .iter()
+            .map(|call| call.id.as_str())
+            .collect::<Vec<_>>(),
+        ["c-running"]
+    );
+    let answer = store
+        .get_call_answer(&acme, &call_id("c-done"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (answer.sealed.as_str(), answer.expires_at.0),
+        ("sealed-answer", 5000)
+    );
+    // Another tenant does not see it.
+    assert!(
+        store
+            .get_call_answer(&tenant_id("beta"), &call_id("c-done"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Settling the interrupted call takes it out of flight.
+    let settled = FinishCall {
+        status: ToolCallStatus::OutcomeUnknown,
+        events: Vec::new(),
+        ..finish("acme", "c-running")
+    };
+    assert!(store.finish_call(settled).await.unwrap());
+    assert!(store.list_running_calls(10).await.unwrap().is_empty());
+    assert_eq!(store.purge_answers(Timestamp(4999), 10).await.unwrap(), 0);
+    assert_eq!(store.purge_answers(Timestamp(5000), 10).await.unwrap(), 1);
+    assert!(
+        store
+            .get_call_answer(&acme, &call_id("c-done"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    store.close().await;
+}
