@@ -294,7 +294,8 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         options.client_threads
     );
 
-    if options.overhead_only {
+    // What observing costs: throughput and CPU in alternating windows, then instructions.
+    let observing = || {
         let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
         let instructions = runtime.block_on(measure_instructions(
             options,
@@ -302,6 +303,10 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             &gateway_binary,
             target_dir,
         ))?;
+        Ok::<_, anyhow::Error>((overhead, instructions))
+    };
+    if options.overhead_only {
+        let (overhead, instructions) = observing()?;
         println!("\n{}", overhead.summary());
         if let Some(instructions) = instructions {
             println!("{}", instructions.summary());
@@ -380,13 +385,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     drop(gateway);
 
     let observed = runtime.block_on(measure_observed(options, &own_binary, &gateway_binary))?;
-    let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
-    let instructions = runtime.block_on(measure_instructions(
-        options,
-        &own_binary,
-        &gateway_binary,
-        target_dir,
-    ))?;
+    let (overhead, instructions) = observing()?;
 
     let (postgres, postgres_storage) = match crate::pg::running_server_url() {
         Some(url) => {

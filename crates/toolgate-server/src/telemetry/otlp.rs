@@ -4,7 +4,7 @@
 //! does (`OTEL_BSP_*`). A collector that is away costs dropped spans, counted and logged, never
 //! a caller's time: nothing on a call's path waits for an export.
 //!
-//! The request is written straight to protobuf (`wire`), field by field from the records,
+//! The request is written straight to protobuf (`put`), field by field from the records,
 //! rather than built as a tree of generated messages first: a span's attribute keys, ids and
 //! values are copied once into the request's bytes instead of into a dozen small allocations
 //! each. The tests decode what it writes with the generated messages of the official proto.
@@ -226,13 +226,12 @@ impl Head {
     fn new(export: &TraceExport) -> Head {
         let mut resource = Vec::new();
         for (key, value) in resource_attributes(export) {
-            wire::message(&mut resource, 1, |kv| {
-                key_value(kv, &key, Value::Text(&value));
-            });
+            // `Resource.attributes`: field 1.
+            key_value(&mut resource, 1, &key, Payload::Text(value.as_bytes()));
         }
         let mut scope = Vec::new();
-        wire::string(&mut scope, 1, "toolgate");
-        wire::string(&mut scope, 2, env!("CARGO_PKG_VERSION"));
+        put::bytes(&mut scope, 1, b"toolgate");
+        put::bytes(&mut scope, 2, env!("CARGO_PKG_VERSION").as_bytes());
         Head { resource, scope }
     }
 
@@ -326,7 +325,15 @@ impl Encoder for ExportCodec {
     fn encode(&mut self, item: Export, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
         let sizes = item.head.sizes(&item.spans);
         dst.reserve(sizes.total());
+        let room = dst.remaining_mut();
         item.head.write_request(&item.spans, &sizes, dst);
+        // Every length was written before its message: one miscounted field would frame the
+        // rest of the request wrong.
+        debug_assert_eq!(
+            room - dst.remaining_mut(),
+            sizes.total(),
+            "the request's computed size is the size written"
+        );
         Ok(())
     }
 }
@@ -344,7 +351,7 @@ impl Decoder for ExportCodec {
 /// A length-delimited field's size: its tag (fields below 16 take one byte), its length and
 /// its body.
 fn field_len(body: usize) -> usize {
-    1 + wire::varint_len(body as u64) + body
+    1 + put::varint_len(body as u64) + body
 }
 
 /// A string or bytes field's size; an empty one is not written.
@@ -444,11 +451,37 @@ fn put_span(out: &mut impl BufMut, span: &SpanRecord) {
     out.put_u32_le(flags(context.sampled, span.parent_remote));
 }
 
-/// Protobuf fields written to any buffer, their sizes known beforehand (fields below 16).
+/// Protobuf's wire format, as much as the OTLP trace messages use: fields written to any
+/// buffer (a `Vec<u8>` too), every length known before its message is written, so each byte
+/// is written once, in place. Every field number is below 16 (a one-byte tag) but `Span`'s
+/// flags, written by [`put_span`].
 mod put {
     use bytes::BufMut;
 
-    fn varint(out: &mut impl BufMut, mut value: u64) {
+    pub(super) const VARINT: u8 = 0;
+    pub(super) const FIXED64: u8 = 1;
+    pub(super) const LEN: u8 = 2;
+    const FIXED32: u8 = 5;
+
+    /// How many bytes `value` takes as a varint.
+    pub(super) fn varint_len(value: u64) -> usize {
+        // One byte per started 7 bits, and one for zero.
+        (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+    }
+
+    /// A varint at the start of `bytes`, and how many bytes it took.
+    pub(super) fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+        let mut value = 0_u64;
+        for (at, byte) in bytes.iter().enumerate().take(10) {
+            value |= u64::from(byte & 0x7f) << (7 * at);
+            if byte & 0x80 == 0 {
+                return Some((value, at + 1));
+            }
+        }
+        None
+    }
+
+    pub(super) fn varint(out: &mut impl BufMut, mut value: u64) {
         while value >= 0x80 {
             out.put_u8((value & 0x7f).to_le_bytes()[0] | 0x80);
             value >>= 7;
@@ -456,13 +489,14 @@ mod put {
         out.put_u8(value.to_le_bytes()[0]);
     }
 
-    fn tag(out: &mut impl BufMut, field: u8, wire_type: u8) {
+    pub(super) fn tag(out: &mut impl BufMut, field: u8, wire_type: u8) {
+        debug_assert!(field < 16, "field {field} takes a longer tag");
         out.put_u8(field << 3 | wire_type);
     }
 
     /// The tag and length of a length-delimited field whose body follows.
     pub(super) fn len(out: &mut impl BufMut, field: u8, len: usize) {
-        tag(out, field, 2);
+        tag(out, field, LEN);
         varint(out, len as u64);
     }
 
@@ -477,13 +511,13 @@ mod put {
     /// A fixed64 field; zero is not written.
     pub(super) fn fixed64(out: &mut impl BufMut, field: u8, value: u64) {
         if value != 0 {
-            tag(out, field, 1);
+            tag(out, field, FIXED64);
             out.put_u64_le(value);
         }
     }
 
     pub(super) fn fixed32(out: &mut impl BufMut, field: u8, value: u32) {
-        tag(out, field, 5);
+        tag(out, field, FIXED32);
         out.put_u32_le(value);
     }
 }
@@ -499,29 +533,66 @@ pub(crate) enum Value<'a> {
     Bool(bool),
 }
 
-/// One `KeyValue` message's fields: the key and an `AnyValue` whose one field is always
-/// written (a oneof member is present even at its default).
-fn key_value(out: &mut Vec<u8>, key: &str, value: Value<'_>) {
-    wire::string(out, 1, key);
-    wire::message(out, 2, |any| match value {
-        Value::Text(text) => wire::bytes_always(any, 1, text.as_bytes()),
-        Value::Debug(value) => wire::message(any, 1, |text| {
-            // Writing to a vector cannot fail; a `Debug` that fails leaves what it wrote.
-            let _ = fmt::write(&mut wire::Text(text), format_args!("{value:?}"));
-        }),
-        Value::Bool(bool) => {
-            wire::tag(any, 2, wire::VARINT);
-            wire::varint(any, u64::from(bool));
+/// An `AnyValue`'s one field, always written (a oneof member is present even at its
+/// default).
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    /// `string_value`, field 1.
+    Text(&'a [u8]),
+    /// `bool_value`, field 2.
+    Bool(bool),
+    /// `int_value`, field 3.
+    Int(i64),
+    /// `double_value`, field 4.
+    Float(f64),
+}
+
+impl Payload<'_> {
+    /// The size of the `AnyValue` message.
+    fn len(self) -> usize {
+        match self {
+            Payload::Text(text) => field_len(text.len()),
+            Payload::Bool(bool) => 1 + put::varint_len(u64::from(bool)),
+            Payload::Int(int) => 1 + put::varint_len(u64::from_ne_bytes(int.to_ne_bytes())),
+            Payload::Float(_) => 9,
         }
-        Value::Int(int) => {
-            wire::tag(any, 3, wire::VARINT);
-            wire::varint(any, u64::from_ne_bytes(int.to_ne_bytes()));
+    }
+
+    fn write(self, out: &mut impl BufMut) {
+        match self {
+            Payload::Text(text) => {
+                put::len(out, 1, text.len());
+                out.put_slice(text);
+            }
+            Payload::Bool(bool) => {
+                put::tag(out, 2, put::VARINT);
+                put::varint(out, u64::from(bool));
+            }
+            Payload::Int(int) => {
+                put::tag(out, 3, put::VARINT);
+                put::varint(out, u64::from_ne_bytes(int.to_ne_bytes()));
+            }
+            Payload::Float(float) => {
+                put::tag(out, 4, put::FIXED64);
+                out.put_u64_le(float.to_bits());
+            }
         }
-        Value::Float(float) => {
-            wire::tag(any, 4, wire::FIXED64);
-            any.extend_from_slice(&float.to_bits().to_le_bytes());
-        }
-    });
+    }
+}
+
+/// One `KeyValue` as field `field` of its message (the key is always written, as
+/// [`key_value_len`] counts it).
+fn key_value(out: &mut impl BufMut, field: u8, key: &str, value: Payload<'_>) {
+    put::len(out, field, key_value_len(key, value));
+    put::len(out, 1, key.len());
+    out.put_slice(key.as_bytes());
+    put::len(out, 2, value.len());
+    value.write(out);
+}
+
+/// The size of a `KeyValue` message.
+fn key_value_len(key: &str, value: Payload<'_>) -> usize {
+    field_len(key.len()) + field_len(value.len())
 }
 
 /// A span's attributes, kept as they are exported: each one a `KeyValue` written as field 9
@@ -532,15 +603,9 @@ pub(crate) struct Attributes {
     encoded: Vec<u8>,
 }
 
-/// What follows an `AnyValue`'s tag, for the values written in one pass.
-#[derive(Clone, Copy)]
-enum Payload<'a> {
-    Text(&'a [u8]),
-    Varint(u64),
-}
-
-/// `Span.attributes`: field 9, length-delimited.
-const ATTRIBUTE_TAG: u8 = 9 << 3 | 2;
+/// `Span.attributes`: field 9.
+const ATTRIBUTES: u8 = 9;
+const ATTRIBUTE_TAG: u8 = ATTRIBUTES << 3 | put::LEN;
 
 impl Attributes {
     pub(crate) fn with_capacity(bytes: usize) -> Attributes {
@@ -549,50 +614,22 @@ impl Attributes {
         }
     }
 
-    /// Adds an attribute (the caller knows `key` is not there yet).
+    /// Adds an attribute (the caller knows `key` is not there yet), in one pass: its lengths
+    /// are computed first. A `Debug` value is formatted first, as text.
     pub(crate) fn push(&mut self, key: &str, value: Value<'_>) {
-        let out = &mut self.encoded;
-        // The common values, text, integers and flags, are written in one pass, their
-        // lengths known beforehand; the others as any message is.
-        let (any_tag, payload): (u8, Payload<'_>) = match value {
-            Value::Text(text) => (1 << 3 | 2, Payload::Text(text.as_bytes())),
-            Value::Bool(bool) => (2 << 3, Payload::Varint(u64::from(bool))),
-            Value::Int(int) => (
-                3 << 3,
-                Payload::Varint(u64::from_ne_bytes(int.to_ne_bytes())),
-            ),
-            Value::Debug(_) | Value::Float(_) => {
-                wire::message(out, 9, |kv| key_value(kv, key, value));
-                return;
+        let formatted;
+        let payload = match value {
+            Value::Text(text) => Payload::Text(text.as_bytes()),
+            Value::Debug(value) => {
+                formatted = format!("{value:?}");
+                Payload::Text(formatted.as_bytes())
             }
+            Value::Bool(bool) => Payload::Bool(bool),
+            Value::Int(int) => Payload::Int(int),
+            Value::Float(float) => Payload::Float(float),
         };
-        let payload_len = match payload {
-            Payload::Text(text) => wire::varint_len(text.len() as u64) + text.len(),
-            Payload::Varint(value) => wire::varint_len(value),
-        };
-        let any_len = 1 + payload_len;
-        let kv_len = 1
-            + wire::varint_len(key.len() as u64)
-            + key.len()
-            + 1
-            + wire::varint_len(any_len as u64)
-            + any_len;
-        out.reserve(1 + wire::varint_len(kv_len as u64) + kv_len);
-        out.push(ATTRIBUTE_TAG);
-        wire::varint(out, kv_len as u64);
-        out.push(1 << 3 | 2);
-        wire::varint(out, key.len() as u64);
-        out.extend_from_slice(key.as_bytes());
-        out.push(2 << 3 | 2);
-        wire::varint(out, any_len as u64);
-        out.push(any_tag);
-        match payload {
-            Payload::Text(text) => {
-                wire::varint(out, text.len() as u64);
-                out.extend_from_slice(text);
-            }
-            Payload::Varint(value) => wire::varint(out, value),
-        }
+        self.encoded.reserve(field_len(key_value_len(key, payload)));
+        key_value(&mut self.encoded, ATTRIBUTES, key, payload);
     }
 
     /// Sets an attribute, replacing the value `key` had.
@@ -611,13 +648,13 @@ impl Attributes {
             if bytes[at] != ATTRIBUTE_TAG {
                 return None;
             }
-            let (length, head) = wire::read_varint(bytes.get(at + 1..)?)?;
+            let (length, head) = put::read_varint(bytes.get(at + 1..)?)?;
             let body = at + 1 + head;
             let end = body.checked_add(usize::try_from(length).ok()?)?;
             // The body starts with the key: field 1, its length, its bytes.
             let kv = bytes.get(body..end)?;
             if kv.first() == Some(&(1 << 3 | 2))
-                && let Some((key_length, key_head)) = wire::read_varint(&kv[1..])
+                && let Some((key_length, key_head)) = put::read_varint(&kv[1..])
                 && let Ok(key_length) = usize::try_from(key_length)
                 && kv
                     .get(1 + key_head..)
@@ -634,102 +671,6 @@ impl Attributes {
     /// The `Span.attributes` fields, as written.
     pub(crate) fn encoded(&self) -> &[u8] {
         &self.encoded
-    }
-}
-
-/// Protobuf's wire format, as much as the OTLP trace messages use.
-mod wire {
-    pub(super) const VARINT: u8 = 0;
-    pub(super) const FIXED64: u8 = 1;
-    const LEN: u8 = 2;
-
-    /// A varint at the start of `bytes`, and how many bytes it took.
-    pub(super) fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
-        let mut value = 0_u64;
-        for (at, byte) in bytes.iter().enumerate().take(10) {
-            value |= u64::from(byte & 0x7f) << (7 * at);
-            if byte & 0x80 == 0 {
-                return Some((value, at + 1));
-            }
-        }
-        None
-    }
-
-    /// Formatted text written into a message.
-    pub(super) struct Text<'a>(pub(super) &'a mut Vec<u8>);
-
-    impl std::fmt::Write for Text<'_> {
-        fn write_str(&mut self, text: &str) -> std::fmt::Result {
-            self.0.extend_from_slice(text.as_bytes());
-            Ok(())
-        }
-    }
-
-    /// How many bytes `value` takes as a varint.
-    pub(super) fn varint_len(value: u64) -> usize {
-        // One byte per started 7 bits, and one for zero.
-        (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
-    }
-
-    pub(super) fn varint(out: &mut Vec<u8>, mut value: u64) {
-        while value >= 0x80 {
-            out.push((value & 0x7f).to_le_bytes()[0] | 0x80);
-            value >>= 7;
-        }
-        out.push(value.to_le_bytes()[0]);
-    }
-
-    pub(super) fn tag(out: &mut Vec<u8>, field: u32, wire_type: u8) {
-        varint(out, u64::from(field) << 3 | u64::from(wire_type));
-    }
-
-    /// A length-delimited field, written even when empty.
-    pub(super) fn bytes_always(out: &mut Vec<u8>, field: u32, data: &[u8]) {
-        tag(out, field, LEN);
-        varint(out, data.len() as u64);
-        out.extend_from_slice(data);
-    }
-
-    /// A `bytes` field; an empty one is the default and is not written.
-    pub(super) fn bytes(out: &mut Vec<u8>, field: u32, data: &[u8]) {
-        if !data.is_empty() {
-            bytes_always(out, field, data);
-        }
-    }
-
-    /// A `string` field; an empty one is not written.
-    pub(super) fn string(out: &mut Vec<u8>, field: u32, text: &str) {
-        bytes(out, field, text.as_bytes());
-    }
-
-    /// An embedded message: `body` writes its fields after the tag and one byte kept for the
-    /// length, which most of these messages fit (under 128 bytes: an attribute, its value, a
-    /// link); a longer one moves its body up to make room for the longer length.
-    pub(super) fn message(out: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
-        tag(out, field, LEN);
-        let at = out.len();
-        out.push(0);
-        body(out);
-        let length = out.len() - at - 1;
-        if length < 0x80 {
-            out[at] = length.to_le_bytes()[0];
-            return;
-        }
-        let mut head = [0_u8; 10];
-        let mut size = 0;
-        let mut value = length as u64;
-        while value >= 0x80 {
-            head[size] = (value & 0x7f).to_le_bytes()[0] | 0x80;
-            value >>= 7;
-            size += 1;
-        }
-        head[size] = value.to_le_bytes()[0];
-        size += 1;
-        // One byte is already there; move the body up for the rest and write the length.
-        let end = out.len();
-        out.resize(end + size - 1, 0);
-        out.copy_within(at + 1..end, at + size);
-        out[at..at + size].copy_from_slice(&head[..size]);
     }
 }
 
@@ -832,7 +773,6 @@ mod tests {
                 ("ratio", Value::Float(0.5)),
                 ("shown", Value::Debug(&Some(7))),
             ]),
-            recorded: 0,
         }
     }
 
@@ -1043,9 +983,9 @@ mod tests {
     fn varint_lengths_are_what_varint_writes() {
         for value in [0, 1, 127, 128, 16_383, 16_384, 1 << 35, u64::MAX] {
             let mut out = Vec::new();
-            wire::varint(&mut out, value);
-            assert_eq!(wire::varint_len(value), out.len(), "{value}");
-            assert_eq!(wire::read_varint(&out), Some((value, out.len())));
+            put::varint(&mut out, value);
+            assert_eq!(put::varint_len(value), out.len(), "{value}");
+            assert_eq!(put::read_varint(&out), Some((value, out.len())));
         }
     }
 }

@@ -65,8 +65,6 @@ pub(crate) struct SpanRecord {
     pub(crate) start: SystemTime,
     pub(crate) end: SystemTime,
     pub(crate) attributes: OtlpAttributes,
-    /// The indexes (below 64) of the span's fields its attributes hold.
-    pub(crate) recorded: u64,
     pub(crate) links: Vec<SpanContext>,
 }
 
@@ -119,6 +117,8 @@ impl SpanRecord {
 /// field's `Debug` comes formatted (`formatted`, by field index).
 struct Fields<'a> {
     record: &'a mut SpanRecord,
+    /// The indexes (below 64) of the span's fields its attributes hold.
+    recorded: &'a mut u64,
     fresh: bool,
     formatted: &'a [(usize, String)],
 }
@@ -158,9 +158,9 @@ impl Fields<'_> {
         let attributes = &mut self.record.attributes;
         match bit {
             // A callsite names each field once: one being created, or not written yet, is new.
-            Some(bit) if self.fresh || self.record.recorded & bit == 0 => {
+            Some(bit) if self.fresh || *self.recorded & bit == 0 => {
                 attributes.push(key, value);
-                self.record.recorded |= bit;
+                *self.recorded |= bit;
             }
             _ if self.fresh => attributes.push(key, value),
             _ => attributes.set(key, value),
@@ -318,6 +318,8 @@ struct Node {
     /// Handles to the span (`Span` values and clones); the span closes when the last goes.
     handles: usize,
     record: SpanRecord,
+    /// Which of the span's fields `record` holds (see [`Fields`]).
+    recorded: u64,
 }
 
 impl Recorder {
@@ -488,12 +490,13 @@ impl Subscriber for Recorder {
             end: now,
             // Room for the usual attribute: a name and a short value.
             attributes: OtlpAttributes::with_capacity(metadata.fields().len() * 48),
-            recorded: 0,
             links: Vec::new(),
         };
+        let mut recorded = 0;
         // Fields are written before any table is locked: a `Debug` may do anything.
         attrs.record(&mut Fields {
             record: &mut record,
+            recorded: &mut recorded,
             fresh: true,
             formatted: &[],
         });
@@ -501,6 +504,7 @@ impl Subscriber for Recorder {
             metadata,
             handles: 1,
             record,
+            recorded,
         };
         let shard = usize::from(span_id.0[0]) % SHARDS;
         let slot = self.table(shard).insert(node);
@@ -519,6 +523,7 @@ impl Subscriber for Recorder {
         self.with_node(span, |node| {
             values.record(&mut Fields {
                 record: &mut node.record,
+                recorded: &mut node.recorded,
                 fresh: false,
                 formatted: &formatted.0,
             });
