@@ -481,23 +481,59 @@ mod put {
         None
     }
 
-    pub(super) fn varint(out: &mut impl BufMut, mut value: u64) {
-        while value >= 0x80 {
-            out.put_u8((value & 0x7f).to_le_bytes()[0] | 0x80);
-            value >>= 7;
-        }
-        out.put_u8(value.to_le_bytes()[0]);
+    /// A few tags and lengths gathered on the stack and written with one `put_slice` (a
+    /// byte at a time costs a capacity check and a call each).
+    #[derive(Default)]
+    pub(super) struct Prefix {
+        bytes: [u8; 24],
+        len: usize,
     }
 
-    pub(super) fn tag(out: &mut impl BufMut, field: u8, wire_type: u8) {
-        debug_assert!(field < 16, "field {field} takes a longer tag");
-        out.put_u8(field << 3 | wire_type);
+    impl Prefix {
+        fn byte(&mut self, byte: u8) -> &mut Prefix {
+            self.bytes[self.len] = byte;
+            self.len += 1;
+            self
+        }
+
+        pub(super) fn varint(&mut self, mut value: u64) -> &mut Prefix {
+            while value >= 0x80 {
+                self.byte((value & 0x7f).to_le_bytes()[0] | 0x80);
+                value >>= 7;
+            }
+            self.byte(value.to_le_bytes()[0])
+        }
+
+        pub(super) fn tag(&mut self, field: u8, wire_type: u8) -> &mut Prefix {
+            debug_assert!(field < 16, "field {field} takes a longer tag");
+            self.byte(field << 3 | wire_type)
+        }
+
+        /// The tag and length of a length-delimited field whose body follows.
+        pub(super) fn len(&mut self, field: u8, len: usize) -> &mut Prefix {
+            self.tag(field, LEN).varint(len as u64)
+        }
+
+        pub(super) fn fixed64(&mut self, value: u64) -> &mut Prefix {
+            for byte in value.to_le_bytes() {
+                self.byte(byte);
+            }
+            self
+        }
+
+        pub(super) fn write(&self, out: &mut impl BufMut) {
+            out.put_slice(&self.bytes[..self.len]);
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn varint(out: &mut impl BufMut, value: u64) {
+        Prefix::default().varint(value).write(out);
     }
 
     /// The tag and length of a length-delimited field whose body follows.
     pub(super) fn len(out: &mut impl BufMut, field: u8, len: usize) {
-        tag(out, field, LEN);
-        varint(out, len as u64);
+        Prefix::default().len(field, len).write(out);
     }
 
     /// A bytes or string field; an empty one is not written.
@@ -511,13 +547,15 @@ mod put {
     /// A fixed64 field; zero is not written.
     pub(super) fn fixed64(out: &mut impl BufMut, field: u8, value: u64) {
         if value != 0 {
-            tag(out, field, FIXED64);
-            out.put_u64_le(value);
+            Prefix::default()
+                .tag(field, FIXED64)
+                .fixed64(value)
+                .write(out);
         }
     }
 
     pub(super) fn fixed32(out: &mut impl BufMut, field: u8, value: u32) {
-        tag(out, field, FIXED32);
+        Prefix::default().tag(field, FIXED32).write(out);
         out.put_u32_le(value);
     }
 }
@@ -558,41 +596,36 @@ impl Payload<'_> {
         }
     }
 
-    fn write(self, out: &mut impl BufMut) {
+    /// Writes the `AnyValue` field (`head` holds what comes before it).
+    fn write(self, head: &mut put::Prefix, out: &mut impl BufMut) {
         match self {
             Payload::Text(text) => {
-                put::len(out, 1, text.len());
+                head.len(1, text.len()).write(out);
                 out.put_slice(text);
             }
-            Payload::Bool(bool) => {
-                put::tag(out, 2, put::VARINT);
-                put::varint(out, u64::from(bool));
-            }
-            Payload::Int(int) => {
-                put::tag(out, 3, put::VARINT);
-                put::varint(out, u64::from_ne_bytes(int.to_ne_bytes()));
-            }
-            Payload::Float(float) => {
-                put::tag(out, 4, put::FIXED64);
-                out.put_u64_le(float.to_bits());
-            }
+            Payload::Bool(bool) => head.tag(2, put::VARINT).varint(u64::from(bool)).write(out),
+            Payload::Int(int) => head
+                .tag(3, put::VARINT)
+                .varint(u64::from_ne_bytes(int.to_ne_bytes()))
+                .write(out),
+            Payload::Float(float) => head
+                .tag(4, put::FIXED64)
+                .fixed64(float.to_bits())
+                .write(out),
         }
     }
 }
 
-/// One `KeyValue` as field `field` of its message (the key is always written, as
-/// [`key_value_len`] counts it).
+/// One `KeyValue` as field `field` of its message (the key is always written).
 fn key_value(out: &mut impl BufMut, field: u8, key: &str, value: Payload<'_>) {
-    put::len(out, field, key_value_len(key, value));
-    put::len(out, 1, key.len());
+    let any = value.len();
+    let kv = field_len(key.len()) + field_len(any);
+    put::Prefix::default()
+        .len(field, kv)
+        .len(1, key.len())
+        .write(out);
     out.put_slice(key.as_bytes());
-    put::len(out, 2, value.len());
-    value.write(out);
-}
-
-/// The size of a `KeyValue` message.
-fn key_value_len(key: &str, value: Payload<'_>) -> usize {
-    field_len(key.len()) + field_len(value.len())
+    value.write(put::Prefix::default().len(2, any), out);
 }
 
 /// A span's attributes, kept as they are exported: each one a `KeyValue` written as field 9
@@ -628,7 +661,12 @@ impl Attributes {
             Value::Int(int) => Payload::Int(int),
             Value::Float(float) => Payload::Float(float),
         };
-        self.encoded.reserve(field_len(key_value_len(key, payload)));
+        // The tags and lengths take at most 24 bytes, the value's own at most 11 more.
+        let text = match payload {
+            Payload::Text(text) => text.len(),
+            _ => 0,
+        };
+        self.encoded.reserve(key.len() + text + 36);
         key_value(&mut self.encoded, ATTRIBUTES, key, payload);
     }
 
