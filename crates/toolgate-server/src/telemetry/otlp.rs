@@ -166,7 +166,7 @@ struct Batches {
 }
 
 impl Batches {
-    async fn send(&mut self, batch: Vec<SpanRecord>) {
+    async fn send(&mut self, batch: Vec<EncodedSpan>) {
         let spans = batch.len();
         let count = u64::try_from(spans).unwrap_or(u64::MAX);
         self.losses.in_flight.store(count, Ordering::Relaxed);
@@ -238,7 +238,7 @@ impl Head {
     /// `ExportTraceServiceRequest { resource_spans: [{ resource, scope_spans: [{ scope,
     /// spans }] }] }`, as bytes.
     #[cfg(test)]
-    fn request(&self, batch: &[SpanRecord]) -> Vec<u8> {
+    fn request(&self, batch: &[EncodedSpan]) -> Vec<u8> {
         let sizes = self.sizes(batch);
         let mut out = Vec::with_capacity(sizes.total());
         self.write_request(batch, &sizes, &mut out);
@@ -252,8 +252,8 @@ impl Head {
 
     /// Every length of the request, computed first, so each byte is written once, in place
     /// (a length written before its message would otherwise move what follows it).
-    fn sizes(&self, batch: &[SpanRecord]) -> Sizes {
-        let spans: Vec<usize> = batch.iter().map(span_len).collect();
+    fn sizes(&self, batch: &[EncodedSpan]) -> Sizes {
+        let spans: Vec<usize> = batch.iter().map(|span| span.0.len()).collect();
         let scope_spans =
             field_len(self.scope.len()) + spans.iter().map(|&span| field_len(span)).sum::<usize>();
         let resource_spans = field_len(self.resource.len()) + field_len(scope_spans);
@@ -264,7 +264,7 @@ impl Head {
         }
     }
 
-    fn write_request(&self, batch: &[SpanRecord], sizes: &Sizes, out: &mut impl BufMut) {
+    fn write_request(&self, batch: &[EncodedSpan], sizes: &Sizes, out: &mut impl BufMut) {
         put::len(out, 1, sizes.resource_spans);
         put::len(out, 1, self.resource.len());
         out.put_slice(&self.resource);
@@ -273,7 +273,7 @@ impl Head {
         out.put_slice(&self.scope);
         for (span, &len) in batch.iter().zip(&sizes.spans) {
             put::len(out, 2, len);
-            put_span(out, span);
+            out.put_slice(&span.0);
         }
     }
 }
@@ -296,7 +296,7 @@ impl Sizes {
 #[derive(Debug)]
 struct Export {
     head: Arc<Head>,
-    spans: Vec<SpanRecord>,
+    spans: Vec<EncodedSpan>,
 }
 
 /// Writes an [`Export`] straight into the request's buffer; the answer is not read.
@@ -359,7 +359,36 @@ fn optional_len(body: usize) -> usize {
     if body == 0 { 0 } else { field_len(body) }
 }
 
-/// The size of a `Span` message's fields, as [`put_span`] writes them.
+/// A closed span, as the body of its OTLP `Span` message: encoded as it closes, while its
+/// record is still in the cache, so the queue holds compact bytes and a batch's request is a
+/// copy of them. Its attributes come first, as they were recorded, then its other fields
+/// (protobuf's fields may come in any order).
+#[derive(Debug)]
+pub(crate) struct EncodedSpan(Vec<u8>);
+
+impl EncodedSpan {
+    pub(crate) fn new(mut span: SpanRecord) -> EncodedSpan {
+        let mut out = std::mem::take(&mut span.attributes).into_encoded();
+        let attributes = out.len();
+        let rest = span_len(&span);
+        out.reserve_exact(rest);
+        put_span(&mut out, &span);
+        debug_assert_eq!(
+            out.len(),
+            attributes + rest,
+            "span_len is what put_span writes"
+        );
+        EncodedSpan(out)
+    }
+
+    /// The `Span` message's body.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The size of a `Span` message's fields but its attributes, as [`put_span`] writes them.
 fn span_len(span: &SpanRecord) -> usize {
     let context = &span.context;
     let mut len = optional_len(context.trace_id.0.len())
@@ -372,7 +401,6 @@ fn span_len(span: &SpanRecord) -> usize {
         // start and end: a tag and eight bytes each, when not zero
         + fixed64_len(unix_nanos(span.start))
         + fixed64_len(unix_nanos(span.end))
-        + span.attributes.encoded().len()
         + span.links.iter().map(|link| field_len(link_len(link))).sum::<usize>()
         // flags: a tag (field 16 takes two bytes) and four bytes
         + 6;
@@ -408,7 +436,7 @@ fn flags(sampled: bool, remote: bool) -> u32 {
     u32::from(sampled) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 }
 }
 
-/// One `Span` message's fields ([`span_len`] is their size).
+/// One `Span` message's fields but its attributes ([`span_len`] is their size).
 fn put_span(out: &mut impl BufMut, span: &SpanRecord) {
     let context = &span.context;
     put::bytes(out, 1, &context.trace_id.0);
@@ -427,7 +455,6 @@ fn put_span(out: &mut impl BufMut, span: &SpanRecord) {
     out.put_u8(span.kind as u8);
     put::fixed64(out, 7, unix_nanos(span.start));
     put::fixed64(out, 8, unix_nanos(span.end));
-    out.put_slice(span.attributes.encoded());
     for link in &span.links {
         put::len(out, 13, link_len(link));
         put::bytes(out, 1, &link.trace_id.0);
@@ -707,8 +734,14 @@ impl Attributes {
     }
 
     /// The `Span.attributes` fields, as written.
+    #[cfg(test)]
     pub(crate) fn encoded(&self) -> &[u8] {
         &self.encoded
+    }
+
+    /// The `Span.attributes` fields, to write the rest of the span after them.
+    pub(crate) fn into_encoded(self) -> Vec<u8> {
+        self.encoded
     }
 }
 
@@ -841,7 +874,8 @@ mod tests {
             attributes: Attributes::default(),
             ..record(start)
         };
-        let bytes = Head::new(&export()).request(&[record(start), root]);
+        let bytes = Head::new(&export())
+            .request(&[EncodedSpan::new(record(start)), EncodedSpan::new(root)]);
         let request = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
         assert_eq!(request.resource_spans.len(), 1);
         let resource_spans = &request.resource_spans[0];
@@ -931,7 +965,7 @@ mod tests {
         let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
         let start = UNIX_EPOCH + Duration::from_secs(1);
         for _ in 0..3 {
-            queue.push(record(start));
+            queue.push(EncodedSpan::new(record(start)));
         }
         (exporter, queue)
     }
@@ -978,10 +1012,12 @@ mod tests {
     fn lengths_past_one_varint_byte_are_framed_right() {
         let start = UNIX_EPOCH + Duration::from_secs(1);
         let long = "x".repeat(70_000);
-        let spans: Vec<SpanRecord> = (0..4)
-            .map(|_| SpanRecord {
-                attributes: attributes(&[("long", Value::Text(&long))]),
-                ..record(start)
+        let spans: Vec<EncodedSpan> = (0..4)
+            .map(|_| {
+                EncodedSpan::new(SpanRecord {
+                    attributes: attributes(&[("long", Value::Text(&long))]),
+                    ..record(start)
+                })
             })
             .collect();
         let bytes = Head::new(&export()).request(&spans);

@@ -29,7 +29,7 @@ use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
 use tracing_core::span::Current;
 
-use super::otlp::{Attributes as OtlpAttributes, Value};
+use super::otlp::{Attributes as OtlpAttributes, EncodedSpan, Value};
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Metadata, Subscriber};
 
@@ -205,7 +205,7 @@ impl Visit for Fields<'_> {
 /// counted rather than letting memory grow while the collector is away.
 #[derive(Debug)]
 pub(crate) struct SpanQueue {
-    spans: Mutex<VecDeque<SpanRecord>>,
+    spans: Mutex<VecDeque<EncodedSpan>>,
     capacity: usize,
     /// The queue's length at which the exporter is woken before its schedule.
     batch: usize,
@@ -224,7 +224,7 @@ impl SpanQueue {
         }
     }
 
-    pub(crate) fn push(&self, span: SpanRecord) {
+    pub(crate) fn push(&self, span: EncodedSpan) {
         let mut spans = self
             .spans
             .lock()
@@ -243,7 +243,7 @@ impl SpanQueue {
     }
 
     /// Takes up to `max` of the oldest spans.
-    pub(crate) fn take(&self, max: usize) -> Vec<SpanRecord> {
+    pub(crate) fn take(&self, max: usize) -> Vec<EncodedSpan> {
         let mut spans = self
             .spans
             .lock()
@@ -488,8 +488,11 @@ impl Subscriber for Recorder {
             status_message: None,
             start: now,
             end: now,
-            // Room for the usual attribute: a name and a short value.
-            attributes: OtlpAttributes::with_capacity(metadata.fields().len() * 48),
+            // Room for the usual attribute (a name and a short value) each, and for the rest
+            // of the span, written after them when it closes (`EncodedSpan`).
+            attributes: OtlpAttributes::with_capacity(
+                metadata.fields().len() * 48 + 96 + metadata.name().len(),
+            ),
             links: Vec::new(),
         };
         let mut recorded = 0;
@@ -594,7 +597,7 @@ impl Subscriber for Recorder {
         drop(table);
         if record.context.sampled {
             record.end = SystemTime::now();
-            self.queue.push(record);
+            self.queue.push(EncodedSpan::new(record));
         }
         true
     }
@@ -627,37 +630,48 @@ fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+    use opentelemetry_proto::tonic::common::v1::any_value;
+    use opentelemetry_proto::tonic::trace::v1::{Span, span, status};
     use prost::Message as _;
     use std::sync::atomic::AtomicUsize;
 
-    fn recorded(queue: &Arc<SpanQueue>, work: impl FnOnce()) -> Vec<SpanRecord> {
+    /// The spans queued, read back with the official proto's generated messages.
+    fn decoded(queue: &SpanQueue) -> Vec<Span> {
+        queue
+            .take(usize::MAX)
+            .iter()
+            .map(|span| Span::decode(span.bytes()).unwrap())
+            .collect()
+    }
+
+    fn recorded(queue: &Arc<SpanQueue>, work: impl FnOnce()) -> Vec<Span> {
         let logs = Box::new(tracing::subscriber::NoSubscriber::default());
         let subscriber = Recorder::new(Arc::clone(queue), logs);
         tracing::subscriber::with_default(subscriber, work);
-        queue.take(usize::MAX)
+        decoded(queue)
     }
 
-    /// The span's attributes, read back with the official proto's generated messages.
-    fn attributes(span: &SpanRecord) -> Vec<(String, any_value::Value)> {
-        let mut bytes = span.attributes.encoded();
-        let mut out = Vec::new();
-        while let Some((&tag, mut rest)) = bytes.split_first() {
-            assert_eq!(tag, 9 << 3 | 2, "each attribute is field 9 of Span");
-            let length = prost::encoding::decode_varint(&mut rest).unwrap();
-            let length = usize::try_from(length).unwrap();
-            let kv = KeyValue::decode(&rest[..length]).unwrap();
-            out.push((kv.key, kv.value.and_then(|v| v.value).unwrap()));
-            bytes = &rest[length..];
-        }
-        out
+    fn attributes(span: &Span) -> Vec<(String, any_value::Value)> {
+        span.attributes
+            .iter()
+            .map(|kv| {
+                (
+                    kv.key.clone(),
+                    kv.value.clone().and_then(|v| v.value).unwrap(),
+                )
+            })
+            .collect()
     }
 
-    fn attribute(span: &SpanRecord, key: &str) -> Option<any_value::Value> {
+    fn attribute(span: &Span, key: &str) -> Option<any_value::Value> {
         attributes(span)
             .into_iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v)
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
     #[test]
@@ -682,8 +696,8 @@ mod tests {
         assert_eq!(spans.len(), 2, "{spans:?}");
         let (inner, outer) = (&spans[0], &spans[1]);
         assert_eq!(outer.name, "svc/Method");
-        assert_eq!(outer.kind, Kind::Server);
-        assert_eq!(outer.parent, None);
+        assert_eq!(outer.kind, span::SpanKind::Server as i32);
+        assert!(outer.parent_span_id.is_empty());
         assert_eq!(
             attribute(outer, "rpc.system"),
             Some(any_value::Value::StringValue("grpc".into()))
@@ -704,12 +718,20 @@ mod tests {
         );
         assert_eq!(attribute(outer, "otel.kind"), None);
         assert_eq!(inner.name, "child");
-        assert_eq!(inner.kind, Kind::Internal);
-        assert_eq!(inner.status, StatusCode::Error);
-        assert_eq!(inner.context.trace_id, outer.context.trace_id);
-        assert_eq!(inner.parent, Some(outer.context.span_id));
-        assert_ne!(inner.context.span_id, outer.context.span_id);
-        assert!(inner.end >= inner.start && outer.end >= inner.end);
+        assert_eq!(inner.kind, span::SpanKind::Internal as i32);
+        assert_eq!(
+            inner.status.as_ref().map(|status| status.code),
+            Some(status::StatusCode::Error as i32)
+        );
+        assert_eq!(outer.status, None);
+        assert_eq!(inner.trace_id, outer.trace_id);
+        assert_eq!(inner.trace_id.len(), 16);
+        assert_eq!(inner.parent_span_id, outer.span_id);
+        assert_ne!(inner.span_id, outer.span_id);
+        assert!(
+            inner.end_time_unix_nano >= inner.start_time_unix_nano
+                && outer.end_time_unix_nano >= inner.end_time_unix_nano
+        );
     }
 
     #[test]
@@ -749,18 +771,19 @@ mod tests {
             assert!(!read.sampled);
             assert_eq!(read.traceparent().split('-').nth(1), Some(TRACE));
         });
-        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["child", "root", "decision"]);
         let (child, root, decision) = (&spans[0], &spans[1], &spans[2]);
-        assert_eq!(
-            root.parent.map(|id| id.to_string()).as_deref(),
-            Some("00f067aa0ba902b7")
-        );
-        assert!(root.parent_remote);
-        assert_eq!(child.parent, Some(root.context.span_id));
+        assert_eq!(hex(&root.parent_span_id), "00f067aa0ba902b7");
+        assert_eq!(hex(&root.trace_id), TRACE);
+        assert_eq!(root.trace_state, "congo=t61");
+        // The parent is remote (flags: the "is remote" bit is known, and set), and sampled.
+        assert_eq!(root.flags & 0x301, 0x301);
+        assert_eq!(child.flags & 0x301, 0x101);
+        assert_eq!(child.parent_span_id, root.span_id);
         assert_eq!(decision.links.len(), 1);
-        assert_eq!(decision.links[0].span_id, child.context.span_id);
-        assert_ne!(decision.context.trace_id, root.context.trace_id);
+        assert_eq!(decision.links[0].span_id, child.span_id);
+        assert_ne!(decision.trace_id, root.trace_id);
     }
 
     #[test]
@@ -818,10 +841,10 @@ mod tests {
             drop(clone);
         });
         assert_eq!(events.load(Ordering::SeqCst), 1);
-        let spans = queue.take(usize::MAX);
-        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        let spans = decoded(&queue);
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["connector.invoke", "execute_tool"]);
-        assert_eq!(spans[0].parent, Some(spans[1].context.span_id));
+        assert_eq!(spans[0].parent_span_id, spans[1].span_id);
     }
 
     #[test]
@@ -844,11 +867,8 @@ mod tests {
             drop((root, under_b, a, b));
         });
         let by_name = |name: &str| spans.iter().find(|s| s.name == name).unwrap();
-        assert_eq!(by_name("root").parent, None);
-        assert_eq!(
-            by_name("under_b").parent,
-            Some(by_name("b").context.span_id)
-        );
-        assert_eq!(by_name("b").parent, None);
+        assert!(by_name("root").parent_span_id.is_empty());
+        assert_eq!(by_name("under_b").parent_span_id, by_name("b").span_id);
+        assert!(by_name("b").parent_span_id.is_empty());
     }
 }
