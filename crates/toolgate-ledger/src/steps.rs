@@ -1082,29 +1082,21 @@ impl<C: Conn> Steps<'_, C> {
     /// SQLite: the sealed answer is kept in the call's row.
     async fn finish_sqlite(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
         let finish = &prepared.finish;
-        let changed = query(
+        let update = query(
             "UPDATE tool_calls SET status = $1, output_redacted = $2, error_code = $3, \
              error_text = $4, duration_ms = $5, attempts = $6, updated_at = $7, \
-             answer_sealed = $8, answer_expires_at = $9 \
-             WHERE id = $10 AND tenant = $11 AND status = 'running'",
-        )
-        .bind(finish.status.as_str())
-        .bind(&prepared.output)
-        .bind(finish.error_code.map(|code| code.as_str()))
-        .bind(&finish.error_text)
-        .bind(finish.duration_ms)
-        .bind(finish.attempts)
-        .bind(finish.at.0)
-        .bind(&prepared.answer)
-        .bind(prepared.answer_expires_at)
-        .bind(finish.id.as_str())
-        .bind(finish.tenant.as_str())
-        .execute(self.conn.db())
-        .await
-        .map_err(refused(
-            || format!("tool call {}", finish.id),
-            || LedgerError::NotFound(format!("tool call {}", finish.id)),
-        ))?;
+             answer_sealed = $10, answer_expires_at = $11 \
+             WHERE id = $8 AND tenant = $9 AND status = 'running'",
+        );
+        let changed = bind_finish(update, prepared)
+            .bind(&prepared.answer)
+            .bind(prepared.answer_expires_at)
+            .execute(self.conn.db())
+            .await
+            .map_err(refused(
+                || format!("tool call {}", finish.id),
+                || LedgerError::NotFound(format!("tool call {}", finish.id)),
+            ))?;
         Ok(changed > 0)
     }
 
@@ -1112,26 +1104,18 @@ impl<C: Conn> Steps<'_, C> {
     /// `calls_in_flight` and its sealed answer goes into `call_answers`.
     async fn finish_postgres(&mut self, prepared: &PreparedFinish) -> Result<bool, Fail> {
         let finish = &prepared.finish;
-        let finished = query(
+        let update = query(
             "UPDATE tool_calls SET status = $1, output_redacted = $2, error_code = $3, \
              error_text = $4, duration_ms = $5, attempts = $6, updated_at = $7 \
              WHERE id = $8 AND tenant = $9 AND status = 'running' RETURNING owner",
-        )
-        .bind(finish.status.as_str())
-        .bind(&prepared.output)
-        .bind(finish.error_code.map(|code| code.as_str()))
-        .bind(&finish.error_text)
-        .bind(finish.duration_ms)
-        .bind(finish.attempts)
-        .bind(finish.at.0)
-        .bind(finish.id.as_str())
-        .bind(finish.tenant.as_str())
-        .fetch_optional(self.conn.db())
-        .await
-        .map_err(refused(
-            || format!("tool call {}", finish.id),
-            || LedgerError::NotFound(format!("tool call {}", finish.id)),
-        ))?;
+        );
+        let finished = bind_finish(update, prepared)
+            .fetch_optional(self.conn.db())
+            .await
+            .map_err(refused(
+                || format!("tool call {}", finish.id),
+                || LedgerError::NotFound(format!("tool call {}", finish.id)),
+            ))?;
         let Some(row) = finished else {
             return Ok(false);
         };
@@ -1203,6 +1187,22 @@ impl<C: Conn> Steps<'_, C> {
             .insert(event.tenant.clone(), Head { chain_seq, hash });
         Ok(())
     }
+}
+
+/// Binds a finish's new values (`$1` to `$7`: status, output, error code and text, duration,
+/// attempts, time) and the call it finishes (`$8` id, `$9` tenant).
+fn bind_finish<'a>(query: Query<'a>, prepared: &'a PreparedFinish) -> Query<'a> {
+    let finish = &prepared.finish;
+    query
+        .bind(finish.status.as_str())
+        .bind(&prepared.output)
+        .bind(finish.error_code.map(|code| code.as_str()))
+        .bind(&finish.error_text)
+        .bind(finish.duration_ms)
+        .bind(finish.attempts)
+        .bind(finish.at.0)
+        .bind(finish.id.as_str())
+        .bind(finish.tenant.as_str())
 }
 
 /// Binds the owner last, where the PostgreSQL statements take it.

@@ -311,28 +311,35 @@ async fn sqlite_migration_keeps_existing_runs() {
     store.close().await;
 }
 
+/// A fresh schema as an older gateway left it: its first `count` migrations, then `rows`.
+#[cfg(feature = "postgres-tests")]
+async fn older_pg_schema(count: usize, rows: impl IntoIterator<Item = String>) -> PgSchema {
+    let schema = PgSchema::fresh();
+    let (_migrations, migrator) = older_migrator("postgres", count).await;
+    let mut conn = schema.raw().await;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {}",
+        schema.name()
+    )))
+    .await
+    .unwrap();
+    migrator.run(&mut conn).await.unwrap();
+    for statement in rows {
+        conn.execute(sqlx::AssertSqlSafe(statement)).await.unwrap();
+    }
+    conn.close().await.unwrap();
+    schema
+}
+
 #[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_migration_keeps_existing_runs() {
-    let schema = PgSchema::fresh();
-    let (_migrations, migrator) = older_migrator("postgres", 1).await;
-    {
-        let mut conn = schema.raw().await;
-        conn.execute(sqlx::AssertSqlSafe(format!(
-            "CREATE SCHEMA {}",
-            schema.name()
-        )))
-        .await
-        .unwrap();
-        migrator.run(&mut conn).await.unwrap();
-        for statement in OLD_ROWS {
-            let statement = statement
-                .replace(" OWNERVALUE", ", 7")
-                .replace(" OWNER", ", owner");
-            conn.execute(sqlx::AssertSqlSafe(statement)).await.unwrap();
-        }
-        conn.close().await.unwrap();
-    }
+    let rows = OLD_ROWS.map(|statement| {
+        statement
+            .replace(" OWNERVALUE", ", 7")
+            .replace(" OWNER", ", owner")
+    });
+    let schema = older_pg_schema(1, rows).await;
     let store = schema.open().await;
     check_migrated(&store).await;
     let orphan = new_call("acme", "run-404", "c-orphan", None);
@@ -346,29 +353,19 @@ async fn pg_migration_keeps_existing_runs() {
 #[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_migration_moves_calls_in_flight_and_answers_out_of_the_call_rows() {
-    let schema = PgSchema::fresh();
-    let (_migrations, migrator) = older_migrator("postgres", 9).await;
-    {
-        let mut conn = schema.raw().await;
-        conn.execute(sqlx::AssertSqlSafe(format!(
-            "CREATE SCHEMA {}",
-            schema.name()
-        )))
-        .await
-        .unwrap();
-        migrator.run(&mut conn).await.unwrap();
-        let calls = "INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
-             correlation_id, status, args_hash, input_redacted, attempts, created_at, \
-             updated_at, owner, answer_sealed, answer_expires_at) VALUES \
-             ('c-running', 'acme', 'run-1', 'bot', 'slack.post_message', 'post_message', \
-             'tu-1', 'corr', 'running', 'ab', '{}', 1, 1, 1, 424242, NULL, NULL), \
-             ('c-done', 'acme', 'run-1', 'bot', 'slack.post_message', 'post_message', \
-             'tu-2', 'corr', 'succeeded', 'ab', '{}', 1, 1, 2, 424242, 'sealed-answer', 5000)";
-        for statement in OLD_ROWS.iter().take(3).copied().chain([calls]) {
-            conn.execute(sqlx::AssertSqlSafe(statement)).await.unwrap();
-        }
-        conn.close().await.unwrap();
-    }
+    let calls = "INSERT INTO tool_calls (id, tenant, run, agent, tool, action, tool_use_id, \
+         correlation_id, status, args_hash, input_redacted, attempts, created_at, updated_at, \
+         owner, answer_sealed, answer_expires_at) VALUES \
+         ('c-running', 'acme', 'run-1', 'bot', 'slack.post_message', 'post_message', 'tu-1', \
+         'corr', 'running', 'ab', '{}', 1, 1, 1, 424242, NULL, NULL), \
+         ('c-done', 'acme', 'run-1', 'bot', 'slack.post_message', 'post_message', 'tu-2', \
+         'corr', 'succeeded', 'ab', '{}', 1, 1, 2, 424242, 'sealed-answer', 5000)";
+    let rows = OLD_ROWS
+        .iter()
+        .take(3)
+        .chain([&calls])
+        .map(|row| (*row).to_owned());
+    let schema = older_pg_schema(9, rows).await;
     let store = schema.open().await;
     let acme = tenant_id("acme");
     // No process holds instance 424242's lock: its running call was interrupted.
