@@ -253,12 +253,13 @@ impl Head {
     /// Every length of the request, computed first, so each byte is written once, in place
     /// (a length written before its message would otherwise move what follows it).
     fn sizes(&self, batch: &[EncodedSpan]) -> Sizes {
-        let spans: Vec<usize> = batch.iter().map(|span| span.0.len()).collect();
-        let scope_spans =
-            field_len(self.scope.len()) + spans.iter().map(|&span| field_len(span)).sum::<usize>();
+        let scope_spans = field_len(self.scope.len())
+            + batch
+                .iter()
+                .map(|span| field_len(span.0.len()))
+                .sum::<usize>();
         let resource_spans = field_len(self.resource.len()) + field_len(scope_spans);
         Sizes {
-            spans,
             scope_spans,
             resource_spans,
         }
@@ -271,16 +272,15 @@ impl Head {
         put::len(out, 2, sizes.scope_spans);
         put::len(out, 1, self.scope.len());
         out.put_slice(&self.scope);
-        for (span, &len) in batch.iter().zip(&sizes.spans) {
-            put::len(out, 2, len);
+        for span in batch {
+            put::len(out, 2, span.0.len());
             out.put_slice(&span.0);
         }
     }
 }
 
-/// The lengths of a request's messages.
+/// The lengths of a request's enclosing messages (each span's is its body's).
 struct Sizes {
-    spans: Vec<usize>,
     scope_spans: usize,
     resource_spans: usize,
 }
