@@ -9,7 +9,7 @@
 //! Compiled for this crate's tests and with the `testkit` feature only.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -599,11 +599,16 @@ fn money(amount: &str) -> Value {
     json!({"shopMoney": {"amount": amount, "currencyCode": "CAD"}})
 }
 
-/// An RFC 3339 UTC timestamp `days` before now.
+/// An RFC 3339 UTC timestamp `days` before the fixtures' "now": the first time any fixture
+/// was built in this process, so two answers describing one record agree to the second even
+/// when they straddle a clock tick.
 fn days_ago(days: u64) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    static FIXTURE_NOW: OnceLock<u64> = OnceLock::new();
+    let now = *FIXTURE_NOW.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
     let at = now.saturating_sub(days * 86_400);
     let (day_count, secs) = (at / 86_400, at % 86_400);
     // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
