@@ -195,6 +195,11 @@ impl SqliteStore {
         // `cargo xtask bench`); savepoint journals in memory (no temporary file per batch);
         // `secure_delete`, so deleted and overwritten content (a pending call's sealed
         // arguments after its decision) is zeroed in the file, not left in free space.
+        // The cache's size has a cost too: a commit after a B-tree split that swapped pages
+        // scans the whole page cache (SQLite parks a page at the pending-byte page number while
+        // swapping and truncates the cache back at commit). That scan was 5% of the writer's
+        // CPU with 16 MiB and 2% with 4 MiB, but the writer's CPU per call measured the same
+        // (145 vs 147 µs, perf), so the larger cache stays.
         let write_options = shared
             .clone()
             .create_if_missing(true)
