@@ -129,87 +129,95 @@ pub(crate) fn pending_fields(
     fields
 }
 
-/// What one write binds, built up part by part.
+/// What one write binds, written straight as JSON text part by part (no map of values is
+/// built: this runs for every call, the verifier's `fields` for every row it checks).
 #[derive(Debug, Default)]
-pub(crate) struct Binding(Map<String, Value>);
+pub(crate) struct Binding(Vec<u8>);
 
 impl Binding {
     /// A whole call row, as inserted or rewritten.
     pub(crate) fn call(mut self, call: &ToolCallRecord, input: &str, output: Option<&str>) -> Self {
-        self.put(
-            "call",
-            call.id.as_str(),
-            CallContent::of(call, input, output).fields(),
-        );
+        let content = CallContent::of(call, input, output);
+        self.part("call", call.id.as_str())
+            .text("status", content.status)
+            .optional("error_code", content.error_code)
+            .digest("error_sha256", content.error_text)
+            .digest("input_sha256", Some(content.input))
+            .digest("output_sha256", content.output)
+            .text("tool", content.tool)
+            .text("run", content.run)
+            .text("args_hash", content.args_hash)
+            .optional("decision_id", content.decision_id)
+            .optional("risk", content.risk)
+            .number("attempts", content.attempts)
+            .close();
         self
     }
 
     /// The fields a finish sets.
     pub(crate) fn finish(mut self, finish: &FinishCall, output: Option<&str>) -> Self {
-        let mut fields = Map::new();
-        fields.insert("status".into(), finish.status.as_str().into());
-        fields.insert(
-            "error_code".into(),
-            optional(finish.error_code.map(|c| c.as_str())),
-        );
-        fields.insert("error_sha256".into(), digest(finish.error_text.as_deref()));
-        fields.insert("output_sha256".into(), digest(output));
-        fields.insert("attempts".into(), finish.attempts.into());
-        self.put("call", finish.id.as_str(), fields);
+        self.part("call", finish.id.as_str())
+            .text("status", finish.status.as_str())
+            .optional("error_code", finish.error_code.map(|c| c.as_str()))
+            .digest("error_sha256", finish.error_text.as_deref())
+            .digest("output_sha256", output)
+            .number("attempts", finish.attempts)
+            .close();
         self
     }
 
     /// The fields a human decision sets on its call.
     pub(crate) fn resolution(mut self, call_id: &str, resolution: &ResolvePending) -> Self {
-        let mut fields = Map::new();
-        fields.insert("status".into(), resolution.call_status.as_str().into());
-        fields.insert(
-            "error_code".into(),
-            optional(resolution.error_code.map(|c| c.as_str())),
-        );
-        fields.insert(
-            "error_sha256".into(),
-            digest(resolution.error_text.as_deref()),
-        );
-        self.put("call", call_id, fields);
+        self.part("call", call_id)
+            .text("status", resolution.call_status.as_str())
+            .optional("error_code", resolution.error_code.map(|c| c.as_str()))
+            .digest("error_sha256", resolution.error_text.as_deref())
+            .close();
         self
     }
 
+    /// A decision row; `policy_ids` is the stored JSON text (bound as a string).
     pub(crate) fn decision(mut self, decision: &PolicyDecisionRecord, policy_ids: &str) -> Self {
-        let fields = decision_fields(
-            decision.tool_call_id.as_str(),
-            decision.tool.as_str(),
-            decision.decision.as_str(),
-            decision.risk.as_str(),
-            policy_ids,
-            decision.policy_version,
-        );
-        self.put("decision", &decision.id, fields);
+        self.part("decision", &decision.id)
+            .text("tool_call_id", decision.tool_call_id.as_str())
+            .text("tool", decision.tool.as_str())
+            .text("decision", decision.decision.as_str())
+            .text("risk", decision.risk.as_str())
+            .text("policy_ids", policy_ids)
+            .number("policy_version", decision.policy_version)
+            .close();
         self
     }
 
     pub(crate) fn pending(mut self, pending: &PendingInvocation) -> Self {
-        let fields = pending_fields(
-            pending.tool_call_id.as_str(),
-            pending.tool.as_str(),
-            &pending.args_hash,
-            pending.origin.as_str(),
-            pending.decision.as_str(),
-            pending.policy_version,
-        );
-        self.put("pending", &pending.id, fields);
+        self.part("pending", &pending.id)
+            .text("tool_call_id", pending.tool_call_id.as_str())
+            .text("tool", pending.tool.as_str())
+            .text("args_hash", &pending.args_hash)
+            .text("origin", pending.origin.as_str())
+            .text("decision", pending.decision.as_str())
+            .number("policy_version", pending.policy_version)
+            .close();
         self
     }
 
-    fn put(&mut self, part: &str, id: &str, mut fields: Map<String, Value>) {
-        fields.insert("id".into(), id.into());
-        self.0.insert(part.to_owned(), Value::Object(fields));
+    /// Opens part `name` (each write binds a part at most once) with the row's `id`.
+    fn part(&mut self, name: &'static str, id: &str) -> Fields<'_> {
+        self.0
+            .extend_from_slice(if self.0.is_empty() { b"{\"" } else { b",\"" });
+        self.0.extend_from_slice(name.as_bytes());
+        self.0.extend_from_slice(b"\":{");
+        Fields {
+            out: &mut self.0,
+            first: true,
+        }
+        .text("id", id)
     }
 
     /// Puts the binding on the first of `events` that reports `call_id` (else the first
     /// event). A write without events binds nothing, and verification then finds its rows
     /// unbound.
-    pub(crate) fn attach(self, events: &mut [PreparedEvent], call_id: &str) {
+    pub(crate) fn attach(mut self, events: &mut [PreparedEvent], call_id: &str) {
         if self.0.is_empty() {
             return;
         }
@@ -218,8 +226,72 @@ impl Binding {
             .position(|event| event.tool_call_id.as_deref() == Some(call_id))
             .unwrap_or(0);
         if let Some(event) = events.get_mut(index) {
-            event.binding = Some(Value::Object(self.0).to_string());
+            self.0.push(b'}');
+            event.binding = Some(String::from_utf8(self.0).expect("JSON text is UTF-8"));
         }
+    }
+}
+
+/// The fields of one part being written: `"name":value` pairs, the names fixed identifiers
+/// (written as they are), the texts escaped by serde_json.
+struct Fields<'b> {
+    out: &'b mut Vec<u8>,
+    /// No field written yet.
+    first: bool,
+}
+
+impl Fields<'_> {
+    fn key(&mut self, name: &'static str) {
+        if !std::mem::take(&mut self.first) {
+            self.out.push(b',');
+        }
+        self.out.push(b'"');
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    fn text(mut self, name: &'static str, value: &str) -> Self {
+        self.key(name);
+        serde_json::to_writer(&mut *self.out, value).expect("writing to memory");
+        self
+    }
+
+    fn optional(self, name: &'static str, value: Option<&str>) -> Self {
+        match value {
+            Some(value) => self.text(name, value),
+            None => self.null(name),
+        }
+    }
+
+    fn null(mut self, name: &'static str) -> Self {
+        self.key(name);
+        self.out.extend_from_slice(b"null");
+        self
+    }
+
+    fn number(mut self, name: &'static str, value: i64) -> Self {
+        self.key(name);
+        serde_json::to_writer(&mut *self.out, &value).expect("writing to memory");
+        self
+    }
+
+    /// The SHA-256 of `text` in lowercase hex, or null.
+    fn digest(mut self, name: &'static str, text: Option<&str>) -> Self {
+        let Some(text) = text else {
+            return self.null(name);
+        };
+        self.key(name);
+        let mut hex = [0_u8; 64];
+        hex::encode_to_slice(Sha256::digest(text.as_bytes()), &mut hex)
+            .expect("64 hex digits for 32 bytes");
+        self.out.push(b'"');
+        self.out.extend_from_slice(&hex);
+        self.out.push(b'"');
+        self
+    }
+
+    fn close(self) {
+        self.out.push(b'}');
     }
 }
 
@@ -340,5 +412,135 @@ fn describe(part: &str) -> &'static str {
         "decision" => "policy decision",
         "pending" => "pending invocation",
         _ => "row",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use toolgate_core::ErrorCode;
+
+    use super::*;
+    use crate::tests::{decide, finish, waiting_call};
+    use toolgate_core::ToolCallStatus;
+
+    /// The binding text of one write, parsed; `None` when it binds nothing.
+    fn written(binding: Binding) -> Option<Value> {
+        let mut events = vec![PreparedEvent::new(crate::tests::event(
+            "acme",
+            "tool_call.requested",
+            "run-1",
+            "c1",
+        ))];
+        binding.attach(&mut events, "c1");
+        let text = events.pop()?.binding?;
+        Some(serde_json::from_str(&text).unwrap())
+    }
+
+    fn with_id(mut fields: Map<String, Value>, id: &str) -> Value {
+        fields.insert("id".into(), id.into());
+        Value::Object(fields)
+    }
+
+    #[test]
+    fn a_call_binds_what_the_verifier_compares_its_rows_with() {
+        let mut new = waiting_call("acme", "c1", None);
+        // Texts that need escaping, and an error bound by its digest.
+        new.call.tool = "odd \"tool\"\n\u{e9}\u{1f600}\\".to_owned();
+        new.call.error_code = Some(ErrorCode::VendorError);
+        new.call.error_text = Some("boom".to_owned());
+        let call = &new.call;
+        let decision = new.decision.as_ref().unwrap();
+        let pending = new.pending.as_ref().unwrap();
+        let input = r#"{"text":"[REDACTED]"}"#;
+        let binding = Binding::default()
+            .call(call, input, Some("out"))
+            .decision(decision, r#"["p1"]"#)
+            .pending(pending);
+        let expected = json!({
+            "call": with_id(CallContent::of(call, input, Some("out")).fields(), "c1"),
+            "decision": with_id(
+                decision_fields(
+                    decision.tool_call_id.as_str(),
+                    decision.tool.as_str(),
+                    decision.decision.as_str(),
+                    decision.risk.as_str(),
+                    r#"["p1"]"#,
+                    decision.policy_version,
+                ),
+                &decision.id,
+            ),
+            "pending": with_id(
+                pending_fields(
+                    pending.tool_call_id.as_str(),
+                    pending.tool.as_str(),
+                    &pending.args_hash,
+                    pending.origin.as_str(),
+                    pending.decision.as_str(),
+                    pending.policy_version,
+                ),
+                &pending.id,
+            ),
+        });
+        assert_eq!(written(binding), Some(expected));
+    }
+
+    #[test]
+    fn a_finish_and_a_resolution_bind_only_the_fields_they_set() {
+        let mut done = finish("acme", "c1");
+        done.status = ToolCallStatus::Failed;
+        done.error_code = Some(ErrorCode::VendorError);
+        done.error_text = Some("vendor said \"no\"".to_owned());
+        let binding = Binding::default().finish(&done, None);
+        assert_eq!(
+            written(binding),
+            Some(json!({"call": {
+                "id": "c1",
+                "status": "failed",
+                "error_code": "VENDOR_ERROR",
+                "error_sha256": hex::encode(Sha256::digest("vendor said \"no\"")),
+                "output_sha256": null,
+                "attempts": 1,
+            }}))
+        );
+
+        let rejected = decide("c1", 1, false, "ana");
+        let binding = Binding::default().resolution("c1", &rejected);
+        assert_eq!(
+            written(binding),
+            Some(json!({"call": {
+                "id": "c1",
+                "status": "blocked",
+                "error_code": null,
+                "error_sha256": null,
+            }}))
+        );
+        assert_eq!(written(Binding::default()), None);
+    }
+
+    #[test]
+    fn a_written_binding_folds_into_the_values_it_bound() {
+        let new = waiting_call("acme", "c1", None);
+        let binding = Binding::default().call(&new.call, "{}", None);
+        let mut events = vec![PreparedEvent::new(crate::tests::event(
+            "acme",
+            "tool_call.requested",
+            "run-1",
+            "c1",
+        ))];
+        binding.attach(&mut events, "c1");
+        let text = events[0].binding.as_deref().unwrap();
+        let mut bound = Bound::default();
+        bound.fold(1, text).unwrap();
+        let fields = CallContent::of(&new.call, "{}", None).fields();
+        assert_eq!(bound.check("call", "c1", "c1", &fields), Ok(true));
+
+        let mut bound = Bound::default();
+        bound.fold(1, text).unwrap();
+        let mut rewritten = fields;
+        rewritten.insert("status".into(), "succeeded".into());
+        let (at, problem) = bound.check("call", "c1", "c1", &rewritten).unwrap_err();
+        assert_eq!(at, 1);
+        assert!(problem.contains("its status is \"succeeded\""), "{problem}");
     }
 }
