@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_json::{Value, json};
 use toolgate_core::{
     AgentId, Decision, ErrorCode, RiskLevel, TenantId, ToolCallId, ToolCallStatus, ToolError,
@@ -188,7 +189,7 @@ impl Engine {
         if retention_ms == 0 {
             return None;
         }
-        let plaintext = zeroize::Zeroizing::new(encode_answer(outcome).to_string());
+        let plaintext = zeroize::Zeroizing::new(encode_answer(outcome));
         Some(SealedAnswer {
             sealed: sealer.seal(&answer_context(call), plaintext.as_bytes()),
             expires_at: self.clock.now().plus_ms(retention_ms),
@@ -310,18 +311,36 @@ fn adopt(again: &mut NewCall, call: &mut ToolCallRecord, existing: &ToolCallReco
     }
 }
 
-fn encode_answer(outcome: &ExecuteOutcome) -> Value {
-    json!({
-        "format": ANSWER_FORMAT,
-        "status": outcome.status.as_str(),
-        "result": outcome.result,
-        "error_code": outcome.error.as_ref().map(|e| e.code.as_str()),
-        "error_message": outcome.error.as_ref().map(|e| e.message.as_str()),
-        "duration_ns": u64::try_from(outcome.duration.as_nanos()).unwrap_or(u64::MAX),
-        "attempts": outcome.attempts,
-        "decision": outcome.decision.map(Decision::as_str),
-        "risk": outcome.risk.map(RiskLevel::as_str),
+/// A sealed answer's plaintext: a JSON object read back by `decode_answer`.
+#[derive(Serialize)]
+struct AnswerText<'a> {
+    format: i64,
+    status: &'a str,
+    result: Option<&'a Value>,
+    error_code: Option<&'a str>,
+    error_message: Option<&'a str>,
+    duration_ns: u64,
+    attempts: u32,
+    decision: Option<&'a str>,
+    risk: Option<&'a str>,
+}
+
+/// The answer as the JSON text to seal, written straight from the outcome: the result is not
+/// copied into a tree of values first (one copy of the plaintext fewer, and the larger the
+/// result the more that saves).
+fn encode_answer(outcome: &ExecuteOutcome) -> String {
+    serde_json::to_string(&AnswerText {
+        format: ANSWER_FORMAT,
+        status: outcome.status.as_str(),
+        result: outcome.result.as_ref(),
+        error_code: outcome.error.as_ref().map(|e| e.code.as_str()),
+        error_message: outcome.error.as_ref().map(|e| e.message.as_str()),
+        duration_ns: u64::try_from(outcome.duration.as_nanos()).unwrap_or(u64::MAX),
+        attempts: outcome.attempts,
+        decision: outcome.decision.map(Decision::as_str),
+        risk: outcome.risk.map(RiskLevel::as_str),
     })
+    .expect("an answer serializes: its keys are strings")
 }
 
 fn decode_answer(record: &ToolCallRecord, value: &Value) -> Option<ExecuteOutcome> {
@@ -349,4 +368,53 @@ fn decode_answer(record: &ToolCallRecord, value: &Value) -> Option<ExecuteOutcom
         replayed: false,
         redacted: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use toolgate_core::{ErrorCode, ToolCallStatus, ToolError};
+
+    use super::*;
+
+    fn outcome(result: Option<Value>, error: Option<ToolError>) -> ExecuteOutcome {
+        ExecuteOutcome {
+            tool_call_id: None,
+            status: if error.is_some() {
+                ToolCallStatus::Failed
+            } else {
+                ToolCallStatus::Succeeded
+            },
+            result,
+            error,
+            duration: Duration::from_nanos(1_234_567),
+            attempts: 2,
+            decision: Some(Decision::Allow),
+            risk: Some(RiskLevel::Low),
+            pending_invocation_id: None,
+            replayed: false,
+            redacted: false,
+        }
+    }
+
+    #[test]
+    fn an_answer_is_sealed_as_the_json_object_its_reader_expects() {
+        let result = json!({"ok": true, "text": "quote \" and \u{e9}", "n": [1, 2.5, null]});
+        let text = encode_answer(&outcome(Some(result.clone()), None));
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            json!({
+                "format": ANSWER_FORMAT, "status": "succeeded", "result": result,
+                "error_code": null, "error_message": null, "duration_ns": 1_234_567,
+                "attempts": 2, "decision": "allow", "risk": "low",
+            })
+        );
+
+        let failed = outcome(None, Some(ToolError::new(ErrorCode::VendorError, "no")));
+        let text = encode_answer(&failed);
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["result"], Value::Null);
+        assert_eq!(value["error_code"], "VENDOR_ERROR");
+        assert_eq!(value["error_message"], "no");
+        assert_eq!(value["status"], "failed");
+    }
 }
