@@ -424,8 +424,8 @@ mod tests {
     use crate::tests::{decide, finish, waiting_call};
     use toolgate_core::ToolCallStatus;
 
-    /// The binding text of one write, parsed; `None` when it binds nothing.
-    fn written(binding: Binding) -> Option<Value> {
+    /// The binding text one write puts on its event; `None` when it binds nothing.
+    fn text_of(binding: Binding) -> Option<String> {
         let mut events = vec![PreparedEvent::new(crate::tests::event(
             "acme",
             "tool_call.requested",
@@ -433,8 +433,12 @@ mod tests {
             "c1",
         ))];
         binding.attach(&mut events, "c1");
-        let text = events.pop()?.binding?;
-        Some(serde_json::from_str(&text).unwrap())
+        events.pop()?.binding
+    }
+
+    /// The binding of one write, parsed.
+    fn written(binding: Binding) -> Option<Value> {
+        text_of(binding).map(|text| serde_json::from_str(&text).unwrap())
     }
 
     fn with_id(mut fields: Map<String, Value>, id: &str) -> Value {
@@ -521,22 +525,14 @@ mod tests {
     #[test]
     fn a_written_binding_folds_into_the_values_it_bound() {
         let new = waiting_call("acme", "c1", None);
-        let binding = Binding::default().call(&new.call, "{}", None);
-        let mut events = vec![PreparedEvent::new(crate::tests::event(
-            "acme",
-            "tool_call.requested",
-            "run-1",
-            "c1",
-        ))];
-        binding.attach(&mut events, "c1");
-        let text = events[0].binding.as_deref().unwrap();
+        let text = text_of(Binding::default().call(&new.call, "{}", None)).unwrap();
         let mut bound = Bound::default();
-        bound.fold(1, text).unwrap();
+        bound.fold(1, &text).unwrap();
         let fields = CallContent::of(&new.call, "{}", None).fields();
         assert_eq!(bound.check("call", "c1", "c1", &fields), Ok(true));
 
         let mut bound = Bound::default();
-        bound.fold(1, text).unwrap();
+        bound.fold(1, &text).unwrap();
         let mut rewritten = fields;
         rewritten.insert("status".into(), "succeeded".into());
         let (at, problem) = bound.check("call", "c1", "c1", &rewritten).unwrap_err();
