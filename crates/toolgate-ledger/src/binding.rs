@@ -72,61 +72,126 @@ impl CallContent<'_> {
             attempts: call.attempts,
         }
     }
+}
 
-    /// Every bound field.
-    pub(crate) fn fields(&self) -> Map<String, Value> {
+impl RowContent for CallContent<'_> {
+    fn put(&self, sink: &mut impl Sink) {
+        sink.text("status", self.status);
+        sink.optional("error_code", self.error_code);
+        sink.digest("error_sha256", self.error_text);
+        sink.digest("input_sha256", Some(self.input));
+        sink.digest("output_sha256", self.output);
+        sink.text("tool", self.tool);
+        sink.text("run", self.run);
+        sink.text("args_hash", self.args_hash);
+        sink.optional("decision_id", self.decision_id);
+        sink.optional("risk", self.risk);
+        sink.number("attempts", self.attempts);
+    }
+}
+
+/// A decision row's bound fields; `policy_ids` is the stored JSON text (bound as a string).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecisionContent<'a> {
+    pub(crate) tool_call_id: &'a str,
+    pub(crate) tool: &'a str,
+    pub(crate) decision: &'a str,
+    pub(crate) risk: &'a str,
+    pub(crate) policy_ids: &'a str,
+    pub(crate) policy_version: i64,
+}
+
+impl RowContent for DecisionContent<'_> {
+    fn put(&self, sink: &mut impl Sink) {
+        sink.text("tool_call_id", self.tool_call_id);
+        sink.text("tool", self.tool);
+        sink.text("decision", self.decision);
+        sink.text("risk", self.risk);
+        sink.text("policy_ids", self.policy_ids);
+        sink.number("policy_version", self.policy_version);
+    }
+}
+
+/// A pending invocation's bound fields (those that never change after it is written).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PendingContent<'a> {
+    pub(crate) tool_call_id: &'a str,
+    pub(crate) tool: &'a str,
+    pub(crate) args_hash: &'a str,
+    pub(crate) origin: &'a str,
+    pub(crate) decision: &'a str,
+    pub(crate) policy_version: i64,
+}
+
+impl RowContent for PendingContent<'_> {
+    fn put(&self, sink: &mut impl Sink) {
+        sink.text("tool_call_id", self.tool_call_id);
+        sink.text("tool", self.tool);
+        sink.text("args_hash", self.args_hash);
+        sink.text("origin", self.origin);
+        sink.text("decision", self.decision);
+        sink.number("policy_version", self.policy_version);
+    }
+}
+
+/// A row kind's bound fields. One list per kind serves the write (the binding's JSON text)
+/// and the verifier (the values a stored row is compared with), so the two cannot drift apart.
+pub(crate) trait RowContent {
+    /// Every bound field, into `sink`.
+    fn put(&self, sink: &mut impl Sink);
+
+    /// Every bound field, as values.
+    fn fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
-        fields.insert("status".into(), self.status.into());
-        fields.insert("error_code".into(), optional(self.error_code));
-        fields.insert("error_sha256".into(), digest(self.error_text));
-        fields.insert("input_sha256".into(), digest(Some(self.input)));
-        fields.insert("output_sha256".into(), digest(self.output));
-        fields.insert("tool".into(), self.tool.into());
-        fields.insert("run".into(), self.run.into());
-        fields.insert("args_hash".into(), self.args_hash.into());
-        fields.insert("decision_id".into(), optional(self.decision_id));
-        fields.insert("risk".into(), optional(self.risk));
-        fields.insert("attempts".into(), self.attempts.into());
+        self.put(&mut fields);
         fields
     }
 }
 
-/// A decision row's bound fields; `policy_ids` is the stored JSON text.
-pub(crate) fn decision_fields(
-    tool_call_id: &str,
-    tool: &str,
-    decision: &str,
-    risk: &str,
-    policy_ids: &str,
-    policy_version: i64,
-) -> Map<String, Value> {
-    let mut fields = Map::new();
-    fields.insert("tool_call_id".into(), tool_call_id.into());
-    fields.insert("tool".into(), tool.into());
-    fields.insert("decision".into(), decision.into());
-    fields.insert("risk".into(), risk.into());
-    fields.insert("policy_ids".into(), policy_ids.into());
-    fields.insert("policy_version".into(), policy_version.into());
-    fields
+/// Where bound fields go: the JSON text a write puts on its event ([`Fields`]), or the values
+/// the verifier compares a stored row's with (a map).
+pub(crate) trait Sink {
+    fn text(&mut self, name: &'static str, value: &str);
+    fn null(&mut self, name: &'static str);
+    fn number(&mut self, name: &'static str, value: i64);
+    /// The SHA-256 of `text` in lowercase hex.
+    fn sha256(&mut self, name: &'static str, text: &str);
+
+    fn optional(&mut self, name: &'static str, value: Option<&str>) {
+        match value {
+            Some(value) => self.text(name, value),
+            None => self.null(name),
+        }
+    }
+
+    /// The SHA-256 of `text`, or null.
+    fn digest(&mut self, name: &'static str, text: Option<&str>) {
+        match text {
+            Some(text) => self.sha256(name, text),
+            None => self.null(name),
+        }
+    }
 }
 
-/// A pending invocation's bound fields (those that never change after it is written).
-pub(crate) fn pending_fields(
-    tool_call_id: &str,
-    tool: &str,
-    args_hash: &str,
-    origin: &str,
-    decision: &str,
-    policy_version: i64,
-) -> Map<String, Value> {
-    let mut fields = Map::new();
-    fields.insert("tool_call_id".into(), tool_call_id.into());
-    fields.insert("tool".into(), tool.into());
-    fields.insert("args_hash".into(), args_hash.into());
-    fields.insert("origin".into(), origin.into());
-    fields.insert("decision".into(), decision.into());
-    fields.insert("policy_version".into(), policy_version.into());
-    fields
+impl Sink for Map<String, Value> {
+    fn text(&mut self, name: &'static str, value: &str) {
+        self.insert(name.into(), value.into());
+    }
+
+    fn null(&mut self, name: &'static str) {
+        self.insert(name.into(), Value::Null);
+    }
+
+    fn number(&mut self, name: &'static str, value: i64) {
+        self.insert(name.into(), value.into());
+    }
+
+    fn sha256(&mut self, name: &'static str, text: &str) {
+        self.insert(
+            name.into(),
+            Value::String(hex::encode(Sha256::digest(text.as_bytes()))),
+        );
+    }
 }
 
 /// What one write binds, written straight as JSON text part by part (no map of values is
@@ -137,67 +202,61 @@ pub(crate) struct Binding(Vec<u8>);
 impl Binding {
     /// A whole call row, as inserted or rewritten.
     pub(crate) fn call(mut self, call: &ToolCallRecord, input: &str, output: Option<&str>) -> Self {
-        let content = CallContent::of(call, input, output);
-        self.part("call", call.id.as_str())
-            .text("status", content.status)
-            .optional("error_code", content.error_code)
-            .digest("error_sha256", content.error_text)
-            .digest("input_sha256", Some(content.input))
-            .digest("output_sha256", content.output)
-            .text("tool", content.tool)
-            .text("run", content.run)
-            .text("args_hash", content.args_hash)
-            .optional("decision_id", content.decision_id)
-            .optional("risk", content.risk)
-            .number("attempts", content.attempts)
-            .close();
+        let mut fields = self.part("call", call.id.as_str());
+        CallContent::of(call, input, output).put(&mut fields);
+        fields.close();
         self
     }
 
     /// The fields a finish sets.
     pub(crate) fn finish(mut self, finish: &FinishCall, output: Option<&str>) -> Self {
-        self.part("call", finish.id.as_str())
-            .text("status", finish.status.as_str())
-            .optional("error_code", finish.error_code.map(|c| c.as_str()))
-            .digest("error_sha256", finish.error_text.as_deref())
-            .digest("output_sha256", output)
-            .number("attempts", finish.attempts)
-            .close();
+        let mut fields = self.part("call", finish.id.as_str());
+        fields.text("status", finish.status.as_str());
+        fields.optional("error_code", finish.error_code.map(|c| c.as_str()));
+        fields.digest("error_sha256", finish.error_text.as_deref());
+        fields.digest("output_sha256", output);
+        fields.number("attempts", finish.attempts);
+        fields.close();
         self
     }
 
     /// The fields a human decision sets on its call.
     pub(crate) fn resolution(mut self, call_id: &str, resolution: &ResolvePending) -> Self {
-        self.part("call", call_id)
-            .text("status", resolution.call_status.as_str())
-            .optional("error_code", resolution.error_code.map(|c| c.as_str()))
-            .digest("error_sha256", resolution.error_text.as_deref())
-            .close();
+        let mut fields = self.part("call", call_id);
+        fields.text("status", resolution.call_status.as_str());
+        fields.optional("error_code", resolution.error_code.map(|c| c.as_str()));
+        fields.digest("error_sha256", resolution.error_text.as_deref());
+        fields.close();
         self
     }
 
-    /// A decision row; `policy_ids` is the stored JSON text (bound as a string).
     pub(crate) fn decision(mut self, decision: &PolicyDecisionRecord, policy_ids: &str) -> Self {
-        self.part("decision", &decision.id)
-            .text("tool_call_id", decision.tool_call_id.as_str())
-            .text("tool", decision.tool.as_str())
-            .text("decision", decision.decision.as_str())
-            .text("risk", decision.risk.as_str())
-            .text("policy_ids", policy_ids)
-            .number("policy_version", decision.policy_version)
-            .close();
+        let mut fields = self.part("decision", &decision.id);
+        DecisionContent {
+            tool_call_id: decision.tool_call_id.as_str(),
+            tool: decision.tool.as_str(),
+            decision: decision.decision.as_str(),
+            risk: decision.risk.as_str(),
+            policy_ids,
+            policy_version: decision.policy_version,
+        }
+        .put(&mut fields);
+        fields.close();
         self
     }
 
     pub(crate) fn pending(mut self, pending: &PendingInvocation) -> Self {
-        self.part("pending", &pending.id)
-            .text("tool_call_id", pending.tool_call_id.as_str())
-            .text("tool", pending.tool.as_str())
-            .text("args_hash", &pending.args_hash)
-            .text("origin", pending.origin.as_str())
-            .text("decision", pending.decision.as_str())
-            .number("policy_version", pending.policy_version)
-            .close();
+        let mut fields = self.part("pending", &pending.id);
+        PendingContent {
+            tool_call_id: pending.tool_call_id.as_str(),
+            tool: pending.tool.as_str(),
+            args_hash: &pending.args_hash,
+            origin: pending.origin.as_str(),
+            decision: pending.decision.as_str(),
+            policy_version: pending.policy_version,
+        }
+        .put(&mut fields);
+        fields.close();
         self
     }
 
@@ -207,11 +266,12 @@ impl Binding {
             .extend_from_slice(if self.0.is_empty() { b"{\"" } else { b",\"" });
         self.0.extend_from_slice(name.as_bytes());
         self.0.extend_from_slice(b"\":{");
-        Fields {
+        let mut fields = Fields {
             out: &mut self.0,
             first: true,
-        }
-        .text("id", id)
+        };
+        fields.text("id", id);
+        fields
     }
 
     /// Puts the binding on the first of `events` that reports `call_id` (else the first
@@ -250,36 +310,28 @@ impl Fields<'_> {
         self.out.extend_from_slice(b"\":");
     }
 
-    fn text(mut self, name: &'static str, value: &str) -> Self {
+    fn close(self) {
+        self.out.push(b'}');
+    }
+}
+
+impl Sink for Fields<'_> {
+    fn text(&mut self, name: &'static str, value: &str) {
         self.key(name);
         serde_json::to_writer(&mut *self.out, value).expect("writing to memory");
-        self
     }
 
-    fn optional(self, name: &'static str, value: Option<&str>) -> Self {
-        match value {
-            Some(value) => self.text(name, value),
-            None => self.null(name),
-        }
-    }
-
-    fn null(mut self, name: &'static str) -> Self {
+    fn null(&mut self, name: &'static str) {
         self.key(name);
         self.out.extend_from_slice(b"null");
-        self
     }
 
-    fn number(mut self, name: &'static str, value: i64) -> Self {
+    fn number(&mut self, name: &'static str, value: i64) {
         self.key(name);
         serde_json::to_writer(&mut *self.out, &value).expect("writing to memory");
-        self
     }
 
-    /// The SHA-256 of `text` in lowercase hex, or null.
-    fn digest(mut self, name: &'static str, text: Option<&str>) -> Self {
-        let Some(text) = text else {
-            return self.null(name);
-        };
+    fn sha256(&mut self, name: &'static str, text: &str) {
         self.key(name);
         let mut hex = [0_u8; 64];
         hex::encode_to_slice(Sha256::digest(text.as_bytes()), &mut hex)
@@ -287,22 +339,7 @@ impl Fields<'_> {
         self.out.push(b'"');
         self.out.extend_from_slice(&hex);
         self.out.push(b'"');
-        self
     }
-
-    fn close(self) {
-        self.out.push(b'}');
-    }
-}
-
-fn optional(value: Option<&str>) -> Value {
-    value.map_or(Value::Null, Value::from)
-}
-
-fn digest(text: Option<&str>) -> Value {
-    text.map_or(Value::Null, |text| {
-        Value::String(hex::encode(Sha256::digest(text.as_bytes())))
-    })
 }
 
 /// The bound values of one chain, folded in chain order.
@@ -418,11 +455,10 @@ fn describe(part: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use toolgate_core::ErrorCode;
+    use toolgate_core::{ErrorCode, ToolCallStatus};
 
     use super::*;
     use crate::tests::{decide, finish, waiting_call};
-    use toolgate_core::ToolCallStatus;
 
     /// The binding text one write puts on its event; `None` when it binds nothing.
     fn text_of(binding: Binding) -> Option<String> {
@@ -441,11 +477,6 @@ mod tests {
         text_of(binding).map(|text| serde_json::from_str(&text).unwrap())
     }
 
-    fn with_id(mut fields: Map<String, Value>, id: &str) -> Value {
-        fields.insert("id".into(), id.into());
-        Value::Object(fields)
-    }
-
     #[test]
     fn a_call_binds_what_the_verifier_compares_its_rows_with() {
         let mut new = waiting_call("acme", "c1", None);
@@ -461,31 +492,36 @@ mod tests {
             .call(call, input, Some("out"))
             .decision(decision, r#"["p1"]"#)
             .pending(pending);
+        let sha = |text: &str| hex::encode(Sha256::digest(text));
+        // Every field by name, as the verifier reads it back.
         let expected = json!({
-            "call": with_id(CallContent::of(call, input, Some("out")).fields(), "c1"),
-            "decision": with_id(
-                decision_fields(
-                    decision.tool_call_id.as_str(),
-                    decision.tool.as_str(),
-                    decision.decision.as_str(),
-                    decision.risk.as_str(),
-                    r#"["p1"]"#,
-                    decision.policy_version,
-                ),
-                &decision.id,
-            ),
-            "pending": with_id(
-                pending_fields(
-                    pending.tool_call_id.as_str(),
-                    pending.tool.as_str(),
-                    &pending.args_hash,
-                    pending.origin.as_str(),
-                    pending.decision.as_str(),
-                    pending.policy_version,
-                ),
-                &pending.id,
-            ),
+            "call": {
+                "id": "c1", "status": "waiting_approval", "error_code": "VENDOR_ERROR",
+                "error_sha256": sha("boom"), "input_sha256": sha(input),
+                "output_sha256": sha("out"), "tool": call.tool, "run": "run-1",
+                "args_hash": call.args_hash, "decision_id": "dec-c1", "risk": "medium",
+                "attempts": 0,
+            },
+            "decision": {
+                "id": decision.id, "tool_call_id": "c1", "tool": "slack.post_message",
+                "decision": "require_expert_approval", "risk": "medium",
+                "policy_ids": r#"["p1"]"#, "policy_version": 1,
+            },
+            "pending": {
+                "id": pending.id, "tool_call_id": "c1", "tool": pending.tool.as_str(),
+                "args_hash": pending.args_hash, "origin": pending.origin.as_str(),
+                "decision": pending.decision.as_str(), "policy_version": pending.policy_version,
+            },
         });
+        assert_eq!(
+            Value::Object(CallContent::of(call, input, Some("out")).fields()),
+            {
+                let mut fields = expected["call"].clone();
+                fields.as_object_mut().unwrap().remove("id");
+                fields
+            },
+            "the verifier's values are the written ones"
+        );
         assert_eq!(written(binding), Some(expected));
     }
 

@@ -46,7 +46,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde_json::{Map, Value};
 use toolgate_core::AuditKeys;
 
-use crate::binding::{Bound, CallContent, decision_fields, pending_fields};
+use crate::binding::{Bound, CallContent, DecisionContent, PendingContent, RowContent};
 use crate::chain::{EventFields, GENESIS_HASH, event_hash, event_mac};
 use crate::checkpoint::Checkpoint;
 use crate::error::LedgerError;
@@ -204,14 +204,15 @@ impl<C: SqlConn> ChainReader for C {
         .map_err(read_error)?;
         for row in &decisions {
             let call = row.text("tool_call_id")?;
-            let fields = decision_fields(
-                &call,
-                &row.text("tool")?,
-                &row.text("decision")?,
-                &row.text("risk")?,
-                &row.text("policy_ids")?,
-                row.int("policy_version")?,
-            );
+            let fields = DecisionContent {
+                tool_call_id: &call,
+                tool: &row.text("tool")?,
+                decision: &row.text("decision")?,
+                risk: &row.text("risk")?,
+                policy_ids: &row.text("policy_ids")?,
+                policy_version: row.int("policy_version")?,
+            }
+            .fields();
             found.push(("decision", row.text("id")?, call, fields));
         }
         let pending = query(
@@ -224,14 +225,15 @@ impl<C: SqlConn> ChainReader for C {
         .map_err(read_error)?;
         for row in &pending {
             let call = row.text("tool_call_id")?;
-            let fields = pending_fields(
-                &call,
-                &row.text("tool")?,
-                &row.text("args_hash")?,
-                &row.text("origin")?,
-                &row.text("decision")?,
-                row.int("policy_version")?,
-            );
+            let fields = PendingContent {
+                tool_call_id: &call,
+                tool: &row.text("tool")?,
+                args_hash: &row.text("args_hash")?,
+                origin: &row.text("origin")?,
+                decision: &row.text("decision")?,
+                policy_version: row.int("policy_version")?,
+            }
+            .fields();
             found.push(("pending", row.text("id")?, call, fields));
         }
         Ok(found)

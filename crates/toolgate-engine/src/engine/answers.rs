@@ -411,10 +411,13 @@ mod tests {
 
         let failed = outcome(None, Some(ToolError::new(ErrorCode::VendorError, "no")));
         let text = encode_answer(&failed);
-        let value: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(value["result"], Value::Null);
-        assert_eq!(value["error_code"], "VENDOR_ERROR");
-        assert_eq!(value["error_message"], "no");
-        assert_eq!(value["status"], "failed");
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            json!({
+                "format": ANSWER_FORMAT, "status": "failed", "result": null,
+                "error_code": "VENDOR_ERROR", "error_message": "no", "duration_ns": 1_234_567,
+                "attempts": 2, "decision": "allow", "risk": "low",
+            })
+        );
     }
 }
