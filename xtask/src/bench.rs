@@ -76,6 +76,7 @@
 
 mod chart;
 mod echo;
+mod floor;
 mod instructions;
 mod load;
 mod mcp;
@@ -342,6 +343,23 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         redaction.calls
     );
 
+    println!(
+        "\n==> the disk's floor: one durable SQLite commit at {} commits/s (no gateway)",
+        options.rate
+    );
+    let floor_dir = tempfile::Builder::new()
+        .prefix("toolgate-bench-floor-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let floor = floor::measure(
+        floor_dir.path(),
+        options.rate,
+        options.open_warmup,
+        options.duration,
+    )?;
+    drop(floor_dir);
+    println!("  {}", floor.summary());
+
     println!("\n==> echo server (the floor)");
     let echo = process::spawn_echo(&own_binary)?;
     let echo_target = Target::echo(&echo.url);
@@ -447,6 +465,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         postgres,
         postgres_storage,
         redaction,
+        floor,
     };
     report.print();
     let path = target_dir.join("bench").join("results.json");

@@ -661,14 +661,28 @@ fn thread_switches(pid: u32) -> BTreeMap<String, u64> {
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
             continue;
         };
-        let switches = status
-            .lines()
-            .filter(|line| line.contains("ctxt_switches:"))
-            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum();
+        let switches = switches_in(&status);
         threads.insert(entry.file_name().to_string_lossy().into_owned(), switches);
     }
     threads
+}
+
+/// The calling thread's CPU time (user + system) and context switches (voluntary and not),
+/// from `/proc/thread-self`.
+pub(crate) fn thread_self_cpu() -> anyhow::Result<(Duration, u64)> {
+    let cpu = process_cpu("/proc/thread-self/stat")?;
+    let status = std::fs::read_to_string("/proc/thread-self/status")
+        .context("cannot read /proc/thread-self/status")?;
+    Ok((cpu, switches_in(&status)))
+}
+
+/// The context switches (voluntary and not) a `/proc` `status` text counts.
+fn switches_in(status: &str) -> u64 {
+    status
+        .lines()
+        .filter(|line| line.contains("ctxt_switches:"))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// User + system time of a process (all its threads) from `/proc/PID/stat`.

@@ -9,6 +9,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use crate::bench::chart::{self, SweepPoint};
+use crate::bench::floor::CommitFloor;
 use crate::bench::load::{ClosedLoop, Latency, OpenLoop};
 use crate::bench::process::{CpuUsage, StartupSample};
 use crate::bench::redaction::RedactionFigures;
@@ -40,6 +41,8 @@ pub(crate) struct Report {
     pub(crate) postgres_storage: Option<super::postgres::Storage>,
     /// The redactor's cost per typical call.
     pub(crate) redaction: RedactionFigures,
+    /// One durable SQLite commit at the fixed rate, without the gateway.
+    pub(crate) floor: CommitFloor,
 }
 
 /// The settings both targets were measured with.
@@ -126,6 +129,18 @@ impl Report {
 
     fn added(&self, pick: Pick) -> f64 {
         micros(pick(&self.gateway.open.latency)) - micros(pick(&self.echo.open.latency))
+    }
+
+    /// The least CPU a call can cost at the fixed rate on this machine: the bare echo server's
+    /// CPU per call at that rate plus two durable commits (the `running` row and the terminal
+    /// row, each its own commit when nothing is batched) at the floor's cost.
+    fn light_load_floor(&self) -> f64 {
+        let echo = per_call(
+            &self.echo.open.cpu,
+            self.echo.open.scheduled - self.echo.open.failed,
+        )
+        .0;
+        echo + 2.0 * micros(self.floor.round_trip_cpu)
     }
 
     fn healthy_median(&self) -> Duration {
@@ -568,6 +583,23 @@ impl Report {
                 );
             }
         }
+        let _ = writeln!(
+            out,
+            "\nlight-load floor at {} calls/s (the least a call can cost here): the bare echo server's {:.1} µs of CPU per call + 2 durable SQLite commits (the running row, the terminal row) x {:.1} µs = {:.1} µs; the gateway: {:.1} µs",
+            o.rate,
+            per_call(
+                &self.echo.open.cpu,
+                self.echo.open.scheduled - self.echo.open.failed
+            )
+            .0,
+            micros(self.floor.round_trip_cpu),
+            self.light_load_floor(),
+            per_call(
+                &self.gateway.open.cpu,
+                self.gateway.open.scheduled - self.gateway.open.failed
+            )
+            .0,
+        );
         let _ = writeln!(out, "\ntargets");
         for check in self.checks() {
             let _ = writeln!(
@@ -678,6 +710,15 @@ impl Report {
                 "fastest_batch": micros(self.redaction.fastest),
                 "slowest_batch": micros(self.redaction.slowest),
                 "calls": self.redaction.calls,
+            },
+            "commit_floor": {
+                "rate_per_s": self.floor.rate,
+                "commits": self.floor.commits,
+                "cpu_us_per_commit": micros(self.floor.round_trip_cpu),
+                "writer_cpu_us_per_commit": micros(self.floor.writer_cpu),
+                "switches_per_commit": self.floor.switches,
+                "commit_us": { "p50": micros(self.floor.p50), "p99": micros(self.floor.p99) },
+                "light_load_floor_us_per_call": self.light_load_floor(),
             },
             "gateway_stderr": self.gateway_stderr,
             "targets": self.checks().iter().map(|c| json!({

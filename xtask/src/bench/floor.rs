@@ -1,0 +1,271 @@
+//! The disk's floor under light load: what one durable SQLite commit costs on this machine,
+//! measured without the gateway.
+//!
+//! At a light, fixed rate nothing is batched: every ledger write of a call is a commit of its
+//! own, with one fsync, and a call commits twice (its `running` row before the connector runs,
+//! its terminal row before the answer). This measures the least such a commit can cost here:
+//! a writer thread that owns a connection set up as the ledger's (WAL, `synchronous = FULL`,
+//! the same bundled SQLite) waits for a request, commits one small row in a table with one
+//! index, and answers; a caller thread paces requests at the bench's rate and waits for each
+//! answer, as an engine task waits for the ledger. Both threads sleep between commits, so the
+//! figure includes the wake-ups a light load costs, as the gateway's does. The CPU (user and
+//! kernel, from `/proc/thread-self/stat`) and context switches of both threads are counted
+//! over the measured window, per commit.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::bench::process::thread_self_cpu;
+
+/// The figures of one measurement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CommitFloor {
+    /// Commits requested per second.
+    pub(crate) rate: u32,
+    /// Commits in the measured window.
+    pub(crate) commits: u64,
+    /// CPU per commit of the writer thread (SQLite, the WAL writes, the fsync, its wake-up).
+    pub(crate) writer_cpu: Duration,
+    /// CPU per commit of the writer and the waiting caller together.
+    pub(crate) round_trip_cpu: Duration,
+    /// Context switches per commit of both threads.
+    pub(crate) switches: f64,
+    /// The commit's wall time (BEGIN to COMMIT returned), median and 99th percentile.
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+}
+
+impl CommitFloor {
+    /// One line: the commit's CPU, switches and wall time.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{:.1} µs CPU per commit for writer and waiting caller ({:.1} µs the writer alone), {:.1} switches; commit p50 {} µs, p99 {} µs ({} commits)",
+            self.round_trip_cpu.as_secs_f64() * 1e6,
+            self.writer_cpu.as_secs_f64() * 1e6,
+            self.switches,
+            self.p50.as_micros(),
+            self.p99.as_micros(),
+            self.commits
+        )
+    }
+}
+
+/// A thread's CPU time and context switches so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct ThreadUse {
+    cpu: Duration,
+    switches: u64,
+}
+
+impl ThreadUse {
+    fn now() -> anyhow::Result<ThreadUse> {
+        let (cpu, switches) = thread_self_cpu()?;
+        Ok(ThreadUse { cpu, switches })
+    }
+
+    fn since(self, earlier: ThreadUse) -> ThreadUse {
+        ThreadUse {
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+            switches: self.switches.saturating_sub(earlier.switches),
+        }
+    }
+}
+
+/// What the caller asks the writer thread.
+enum Ask {
+    /// Commit row number `n` and answer with the commit's wall time.
+    Commit(u64),
+    /// Answer with the writer thread's own use so far.
+    Use,
+}
+
+enum Answer {
+    Committed(Duration),
+    Use(ThreadUse),
+}
+
+/// The caller's end of the writer thread's channels.
+struct Writer {
+    ask: mpsc::SyncSender<Ask>,
+    answers: mpsc::Receiver<anyhow::Result<Answer>>,
+}
+
+impl Writer {
+    fn round_trip(&self, asked: Ask) -> anyhow::Result<Answer> {
+        self.ask
+            .send(asked)
+            .ok()
+            .context("the floor's writer thread stopped")?;
+        self.answers
+            .recv()
+            .ok()
+            .context("the floor's writer thread stopped")?
+    }
+
+    fn commit(&self, n: u64) -> anyhow::Result<Duration> {
+        match self.round_trip(Ask::Commit(n))? {
+            Answer::Committed(wall) => Ok(wall),
+            Answer::Use(_) => anyhow::bail!("the floor's writer answered out of turn"),
+        }
+    }
+
+    fn used(&self) -> anyhow::Result<ThreadUse> {
+        match self.round_trip(Ask::Use)? {
+            Answer::Use(used) => Ok(used),
+            Answer::Committed(_) => anyhow::bail!("the floor's writer answered out of turn"),
+        }
+    }
+}
+
+/// The row's text: about the size of a small ledger row's.
+const BODY: &str = "{\"tool\":\"testkit.echo\",\"status\":\"running\",\"input_sha256\":\"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\",\"run\":\"run_0000000000000000000000000000000\"}";
+
+/// Commits at `rate` per second for `warmup + duration` in a fresh database under `dir`; the
+/// figures are of the last `duration`.
+pub(crate) fn measure(
+    dir: &Path,
+    rate: u32,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<CommitFloor> {
+    let path = dir.join("floor.db");
+    let (ask, asks) = mpsc::sync_channel::<Ask>(1);
+    let (answer, answers) = mpsc::sync_channel::<anyhow::Result<Answer>>(1);
+    let writer = thread::Builder::new()
+        .name("floor-writer".into())
+        .spawn(move || {
+            let conn = match open(&path) {
+                Ok(conn) => conn,
+                Err(error) => {
+                    let _ = answer.send(Err(error));
+                    return;
+                }
+            };
+            for asked in asks {
+                let reply = match asked {
+                    Ask::Commit(n) => commit(&conn, n).map(Answer::Committed),
+                    Ask::Use => ThreadUse::now().map(Answer::Use),
+                };
+                if answer.send(reply).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("cannot start the floor's writer thread")?;
+
+    let writer_thread = Writer { ask, answers };
+    let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let start = Instant::now();
+    let measure_from = start + warmup;
+    let end = measure_from + duration;
+    let mut next = start;
+    let mut n = 0u64;
+    let mut before: Option<(ThreadUse, ThreadUse)> = None;
+    let mut walls = Vec::new();
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        if before.is_none() && now >= measure_from {
+            before = Some((ThreadUse::now()?, writer_thread.used()?));
+        }
+        if let Some(wait) = next.checked_duration_since(now) {
+            thread::sleep(wait);
+        }
+        next += interval;
+        n += 1;
+        let wall = writer_thread.commit(n)?;
+        if before.is_some() {
+            walls.push(wall);
+        }
+    }
+    let (caller_before, writer_before) = before.context("the floor's measured window was empty")?;
+    let writer_used = writer_thread.used()?.since(writer_before);
+    let caller_used = ThreadUse::now()?.since(caller_before);
+    drop(writer_thread);
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the floor's writer thread panicked"))?;
+
+    let commits = u64::try_from(walls.len()).unwrap_or(u64::MAX).max(1);
+    walls.sort_unstable();
+    let at = |ppm: usize| walls[(walls.len() * ppm / 1_000_000).min(walls.len() - 1)];
+    let per_commit = |total: Duration| total / u32::try_from(commits).unwrap_or(u32::MAX);
+    Ok(CommitFloor {
+        rate,
+        commits,
+        writer_cpu: per_commit(writer_used.cpu),
+        round_trip_cpu: per_commit(writer_used.cpu + caller_used.cpu),
+        switches: (writer_used.switches + caller_used.switches) as f64 / commits as f64,
+        p50: at(500_000),
+        p99: at(990_000),
+    })
+}
+
+/// A connection set up as the ledger's writer sets up its own (`sqlite/direct.rs`), with one
+/// table and one index.
+fn open(path: &Path) -> anyhow::Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; \
+         PRAGMA synchronous = FULL; \
+         PRAGMA cache_size = -16384; \
+         PRAGMA temp_store = MEMORY; \
+         PRAGMA wal_autocheckpoint = 8000; \
+         PRAGMA secure_delete = ON; \
+         CREATE TABLE rows (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, body TEXT NOT NULL) STRICT;",
+    )
+    .context("cannot set up the floor's database")?;
+    Ok(conn)
+}
+
+/// One transaction of one row, committed (with its fsync).
+fn commit(conn: &rusqlite::Connection, n: u64) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    conn.prepare_cached("INSERT INTO rows (key, body) VALUES (?1, ?2)")?
+        .execute((format!("tc_{n:032x}"), BODY))?;
+    conn.execute_batch("COMMIT")?;
+    Ok(started.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_at_the_rate_and_counts_what_they_cost() {
+        let dir = tempfile::tempdir().unwrap();
+        let floor = measure(
+            dir.path(),
+            500,
+            Duration::from_millis(100),
+            Duration::from_millis(400),
+        )
+        .unwrap();
+        // 400 ms at 500/s: never more than about 200 commits (the pacing holds the rate), each
+        // a row in the file; fewer when a slow disk falls behind.
+        assert!((20..=210).contains(&floor.commits), "{floor:?}");
+        let conn = rusqlite::Connection::open(dir.path().join("floor.db")).unwrap();
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM rows", [], |row| row.get(0))
+            .unwrap();
+        assert!(
+            u64::try_from(rows).unwrap() >= floor.commits,
+            "{rows} rows, {floor:?}"
+        );
+        assert!(
+            floor.p50 > Duration::ZERO && floor.p50 <= floor.p99,
+            "{floor:?}"
+        );
+        assert!(floor.round_trip_cpu >= floor.writer_cpu, "{floor:?}");
+        // Both threads slept between commits: at least one switch each per commit.
+        assert!(floor.switches >= 1.0, "{floor:?}");
+    }
+}
