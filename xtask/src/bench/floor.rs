@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::bench::load::Latency;
 use crate::bench::process::thread_self_cpu;
 
 /// The figures of one measurement.
@@ -193,8 +194,7 @@ pub(crate) fn measure(
         .map_err(|_| anyhow::anyhow!("the floor's writer thread panicked"))?;
 
     let commits = u64::try_from(walls.len()).unwrap_or(u64::MAX).max(1);
-    walls.sort_unstable();
-    let at = |ppm: usize| walls[(walls.len() * ppm / 1_000_000).min(walls.len() - 1)];
+    let wall = Latency::of(walls);
     let per_commit = |total: Duration| total / u32::try_from(commits).unwrap_or(u32::MAX);
     Ok(CommitFloor {
         rate,
@@ -202,8 +202,8 @@ pub(crate) fn measure(
         writer_cpu: per_commit(writer_used.cpu),
         round_trip_cpu: per_commit(writer_used.cpu + caller_used.cpu),
         switches: (writer_used.switches + caller_used.switches) as f64 / commits as f64,
-        p50: at(500_000),
-        p99: at(990_000),
+        p50: wall.p50,
+        p99: wall.p99,
     })
 }
 

@@ -348,7 +348,7 @@ pub(crate) struct Latency {
 }
 
 impl Latency {
-    fn of(mut samples: Vec<Duration>) -> Latency {
+    pub(crate) fn of(mut samples: Vec<Duration>) -> Latency {
         samples.sort_unstable();
         Latency {
             p50: percentile(&samples, 500_000),

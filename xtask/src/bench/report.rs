@@ -143,6 +143,12 @@ impl Report {
         echo + 2.0 * micros(self.floor.round_trip_cpu)
     }
 
+    /// The least latency a call can add at the fixed rate on this machine: two durable commits
+    /// one after the other, each at the floor's median.
+    fn light_load_latency_floor(&self) -> Duration {
+        2 * self.floor.p50
+    }
+
     fn healthy_median(&self) -> Duration {
         let mut healthy: Vec<Duration> = self.startups.iter().map(|s| s.healthy).collect();
         healthy.sort_unstable();
@@ -600,6 +606,13 @@ impl Report {
             )
             .0,
         );
+        let _ = writeln!(
+            out,
+            "  and the least latency it can add: 2 commits one after the other x the commit's p50 {} µs = {:.2} ms; the gateway added {:.2} ms at p50",
+            self.floor.p50.as_micros(),
+            millis(self.light_load_latency_floor()),
+            self.added(|l| l.p50) / 1000.0,
+        );
         let _ = writeln!(out, "\ntargets");
         for check in self.checks() {
             let _ = writeln!(
@@ -719,6 +732,7 @@ impl Report {
                 "switches_per_commit": self.floor.switches,
                 "commit_us": { "p50": micros(self.floor.p50), "p99": micros(self.floor.p99) },
                 "light_load_floor_us_per_call": self.light_load_floor(),
+                "light_load_added_latency_floor_us": micros(self.light_load_latency_floor()),
             },
             "gateway_stderr": self.gateway_stderr,
             "targets": self.checks().iter().map(|c| json!({
