@@ -97,10 +97,13 @@ struct Writer {
 
 impl Writer {
     fn round_trip(&self, asked: Ask) -> anyhow::Result<Answer> {
-        self.ask
-            .send(asked)
-            .ok()
-            .context("the floor's writer thread stopped")?;
+        if self.ask.send(asked).is_err() {
+            // The writer stopped; its last answer, if it left one, says why.
+            return match self.answers.recv() {
+                Ok(Err(error)) => Err(error),
+                _ => anyhow::bail!("the floor's writer thread stopped"),
+            };
+        }
         self.answers
             .recv()
             .ok()
@@ -267,5 +270,23 @@ mod tests {
         assert!(floor.round_trip_cpu >= floor.writer_cpu, "{floor:?}");
         // Both threads slept between commits: at least one switch each per commit.
         assert!(floor.switches >= 1.0, "{floor:?}");
+    }
+
+    #[test]
+    fn a_database_that_cannot_be_opened_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-directory");
+        let error = measure(
+            &missing,
+            500,
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+        )
+        .unwrap_err();
+        let text = format!("{error:#}");
+        assert!(
+            text.contains("cannot open") && text.contains("no-such-directory"),
+            "{text}"
+        );
     }
 }
