@@ -133,14 +133,15 @@ impl Report {
 
     /// The least CPU a call can cost at the fixed rate on this machine: the bare echo server's
     /// CPU per call at that rate plus two durable commits (the `running` row and the terminal
-    /// row, each its own commit when nothing is batched) at the floor's cost.
+    /// row, each its own commit when nothing is batched) at the floor writer's cost alone (its
+    /// caller's pacing and waiting are left out, so this stays a lower bound).
     fn light_load_floor(&self) -> f64 {
         let echo = per_call(
             &self.echo.open.cpu,
             self.echo.open.scheduled - self.echo.open.failed,
         )
         .0;
-        echo + 2.0 * micros(self.floor.round_trip_cpu)
+        echo + 2.0 * micros(self.floor.writer_cpu)
     }
 
     /// The least latency a call can add at the fixed rate on this machine: two durable commits
@@ -591,14 +592,14 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\nlight-load floor at {} calls/s (the least a call can cost here): the bare echo server's {:.1} µs of CPU per call + 2 durable SQLite commits (the running row, the terminal row) x {:.1} µs = {:.1} µs; the gateway: {:.1} µs",
+            "\nlight-load floor at {} calls/s (the least a call can cost here): the bare echo server's {:.1} µs of CPU per call + 2 durable SQLite commits (the running row, the terminal row) x the floor writer's {:.1} µs = {:.1} µs; the gateway: {:.1} µs",
             o.rate,
             per_call(
                 &self.echo.open.cpu,
                 self.echo.open.scheduled - self.echo.open.failed
             )
             .0,
-            micros(self.floor.round_trip_cpu),
+            micros(self.floor.writer_cpu),
             self.light_load_floor(),
             per_call(
                 &self.gateway.open.cpu,
