@@ -68,6 +68,13 @@ pub(crate) struct TargetFigures {
     pub(crate) ledger: Option<LedgerPhases>,
 }
 
+impl TargetFigures {
+    /// The server's CPU per answered call in the open loop (at the fixed rate), in µs.
+    fn open_cpu_per_call(&self) -> f64 {
+        per_call(&self.open.cpu, self.open.scheduled - self.open.failed).0
+    }
+}
+
 /// A gateway's ledger commits and batch sizes in the closed and the open loop.
 #[derive(Debug)]
 pub(crate) struct LedgerPhases {
@@ -136,12 +143,7 @@ impl Report {
     /// row, each its own commit when nothing is batched) at the floor writer's cost alone (its
     /// caller's pacing and waiting are left out, so this stays a lower bound).
     fn light_load_floor(&self) -> f64 {
-        let echo = per_call(
-            &self.echo.open.cpu,
-            self.echo.open.scheduled - self.echo.open.failed,
-        )
-        .0;
-        echo + 2.0 * micros(self.floor.writer_cpu)
+        self.echo.open_cpu_per_call() + 2.0 * micros(self.floor.writer_cpu)
     }
 
     /// The least latency a call can add at the fixed rate on this machine: two durable commits
@@ -188,11 +190,7 @@ impl Report {
             },
             Check {
                 name: "gateway CPU per call at the fixed rate",
-                value: per_call(
-                    &self.gateway.open.cpu,
-                    self.gateway.open.scheduled - self.gateway.open.failed,
-                )
-                .0,
+                value: self.gateway.open_cpu_per_call(),
                 unit: "µs",
                 limit: 150.0,
                 at_least: false,
@@ -594,18 +592,10 @@ impl Report {
             out,
             "\nlight-load floor at {} calls/s (the least a call can cost here): the bare echo server's {:.1} µs of CPU per call + 2 durable SQLite commits (the running row, the terminal row) x the floor writer's {:.1} µs = {:.1} µs; the gateway: {:.1} µs",
             o.rate,
-            per_call(
-                &self.echo.open.cpu,
-                self.echo.open.scheduled - self.echo.open.failed
-            )
-            .0,
+            self.echo.open_cpu_per_call(),
             micros(self.floor.writer_cpu),
             self.light_load_floor(),
-            per_call(
-                &self.gateway.open.cpu,
-                self.gateway.open.scheduled - self.gateway.open.failed
-            )
-            .0,
+            self.gateway.open_cpu_per_call(),
         );
         let _ = writeln!(
             out,
