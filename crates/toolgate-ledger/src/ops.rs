@@ -580,10 +580,12 @@ pub struct WriterStats {
     pub commits: u64,
     /// Write operations answered, successful or not.
     pub ops: u64,
-    /// PostgreSQL: batches whose hot operations (calls, finishes, event appends) could not all
-    /// be written together (a repeated `tool_use_id`, a used-up budget, a missing run, ...)
-    /// and were written one by one instead. Always 0 on SQLite, whose writer calls SQLite
-    /// directly and writes every operation statement by statement (no round trips to save).
+    /// Batches that could not be written all together and were written one operation at a
+    /// time instead, each in its own savepoint. PostgreSQL: batches whose hot operations
+    /// (calls, finishes, event appends) did not fit its one statement (a repeated
+    /// `tool_use_id`, a used-up budget, a missing run, ...). SQLite: batches of several
+    /// operations of which one was refused with an error (a missing run, a clashing id, ...);
+    /// a repeated `tool_use_id` or a used-up budget is an answer there, not a refusal.
     pub bulk_fallbacks: u64,
     /// PostgreSQL: hot operations that could not be written in one round trip either and were
     /// redone statement by statement. Always 0 on SQLite.

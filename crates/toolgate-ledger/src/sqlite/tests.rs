@@ -247,7 +247,7 @@ async fn a_refused_write_in_a_batch_is_undone_alone() {
             stats.bulk_fallbacks,
             stats.step_by_step
         ),
-        (1, 7, 0, 0)
+        (1, 7, 1, 0)
     );
 
     let acme = tenant_id("acme");

@@ -4,10 +4,13 @@
 //!
 //! The connection calls SQLite directly (see `direct`), so a statement costs what SQLite
 //! spends on it and nothing more: every operation is written statement by statement by the
-//! code shared with PostgreSQL (`crate::steps`), each in its own savepoint, so a refused
-//! operation (a repeated `tool_use_id`, a used-up budget, a missing run) is undone alone and
-//! answered precisely while the rest of its batch commits. Operations run in the order they
-//! were queued. A batch of a single operation needs no savepoint: the transaction is its own.
+//! code shared with PostgreSQL (`crate::steps`). Operations run in the order they were queued,
+//! first all together in the batch's transaction. Should one be refused (a missing run, a
+//! clashing id: an error, not an answer such as a repeated `tool_use_id` or a used-up budget),
+//! the transaction is rolled back and the batch runs again the slow way, each operation in a
+//! savepoint of its own, so the refused one is undone alone and answered precisely while the
+//! rest of its batch commits. The fast way spares every operation its savepoint, whose
+//! sub-journal copies each page the operation changes (nine pages for a call).
 //!
 //! The thread runs the writer's loop on a current-thread Tokio runtime with no drivers: the
 //! queue is a Tokio channel, whose waker unparks the thread when a write arrives; nothing
@@ -168,42 +171,97 @@ impl Writer {
         ops: &[OpKind],
     ) -> Result<Vec<Result<Reply, LedgerError>>, LedgerError> {
         self.moved_heads.clear();
-        if let Err(error) = self.conn.control("BEGIN IMMEDIATE") {
-            self.abandon();
-            return Err(database_error(
-                &error,
-                format!("could not begin a transaction: {error}"),
-            ));
-        }
+        self.begin()?;
         // A batch of one operation (most batches under light load) is its own transaction:
         // no savepoint needed (whose sub-journal copies every page the operation changes).
         let alone = ops.len() == 1;
-        let mut results = Vec::with_capacity(ops.len());
-        for op in ops {
-            let result = if alone {
-                self.run_alone(op).await
-            } else {
-                self.run_op(op).await
-            };
-            match result {
-                Ok(reply) => results.push(Ok(reply)),
-                Err(Fail::Op(error)) => results.push(Err(error)),
-                Err(Fail::Fatal(error)) => {
-                    self.abandon();
-                    return Err(error);
+        let together = if alone {
+            None
+        } else {
+            self.run_together(ops).await?
+        };
+        let results = match together {
+            Some(results) => results,
+            None => {
+                if !alone {
+                    // Rolled back: again, one operation after another.
+                    self.counters.bulk_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    self.begin()?;
                 }
+                let mut results = Vec::with_capacity(ops.len());
+                for op in ops {
+                    let result = if alone {
+                        self.run_alone(op).await
+                    } else {
+                        self.run_op(op).await
+                    };
+                    match result {
+                        Ok(reply) => results.push(Ok(reply)),
+                        Err(Fail::Op(error)) => results.push(Err(error)),
+                        Err(Fail::Fatal(error)) => {
+                            self.abandon();
+                            return Err(error);
+                        }
+                    }
+                }
+                if alone && results.iter().all(Result::is_err) {
+                    // Refused and rolled back already (`run_alone`): nothing to commit.
+                    return Ok(results);
+                }
+                results
             }
-        }
-        if alone && results.iter().all(Result::is_err) {
-            // Refused and rolled back already (`run_alone`): nothing to commit.
-            return Ok(results);
-        }
+        };
         if let Err(error) = self.commit().await {
             self.abandon();
             return Err(error);
         }
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
         Ok(results)
+    }
+
+    /// Opens the batch's transaction.
+    fn begin(&mut self) -> Result<(), LedgerError> {
+        self.conn.control("BEGIN IMMEDIATE").map_err(|error| {
+            self.abandon();
+            database_error(&error, format!("could not begin a transaction: {error}"))
+        })
+    }
+
+    /// The fast way for a batch of several operations: all of them in the batch's transaction,
+    /// none in a savepoint. `None` if one was refused: then the transaction has been rolled
+    /// back and the chain heads put back, and the batch is to run again the slow way (no
+    /// operation has been answered yet). A fatal error has abandoned the transaction.
+    async fn run_together(
+        &mut self,
+        ops: &[OpKind],
+    ) -> Result<Option<Vec<Result<Reply, LedgerError>>>, LedgerError> {
+        let mut moved = Vec::new();
+        let mut replies = Vec::with_capacity(ops.len());
+        for op in ops {
+            let mut steps = self.steps();
+            let result = steps.apply(op).await;
+            moved.append(&mut steps.undo);
+            match result {
+                Ok(reply) => replies.push(Ok(reply)),
+                Err(Fail::Op(_)) => {
+                    // SQLite may have rolled the transaction back itself.
+                    if self.conn.in_transaction()
+                        && let Err(error) = self.conn.control("ROLLBACK")
+                    {
+                        self.abandon();
+                        return Err(database_error(&error, format!("ROLLBACK failed: {error}")));
+                    }
+                    self.restore_heads(moved);
+                    return Ok(None);
+                }
+                Err(Fail::Fatal(error)) => {
+                    self.abandon();
+                    return Err(error);
+                }
+            }
+        }
+        self.keep_heads(moved);
+        Ok(Some(replies))
     }
 
     /// The only operation of its batch, without a savepoint: a refusal rolls the whole
@@ -229,7 +287,7 @@ impl Writer {
         }
     }
 
-    /// One operation of a larger batch, atomic on its own.
+    /// One operation of a larger batch that was refused all together, atomic on its own.
     async fn run_op(&mut self, op: &OpKind) -> Result<Reply, Fail> {
         match op {
             // One write statement, atomic by itself.
