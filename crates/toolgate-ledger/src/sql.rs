@@ -9,8 +9,6 @@
 
 use std::future::Future;
 
-use sqlx::{SqlSafeStr, SqlStr};
-
 use crate::error::LedgerError;
 use crate::rows::{SqlRow, read_error};
 
@@ -77,14 +75,16 @@ impl From<bool> for Param<'_> {
 /// A statement and its parameters, in placeholder order.
 #[derive(Debug)]
 pub(crate) struct Query<'a> {
-    sql: SqlStr,
+    /// Always text of this crate's: a statement's identity as well as its text (the SQLite
+    /// writer keys what it learns of a statement by where its text lives).
+    sql: &'static str,
     params: Vec<Param<'a>>,
 }
 
 /// A statement written in this crate (every value is a bound parameter).
 pub(crate) fn query<'a>(sql: &'static str) -> Query<'a> {
     Query {
-        sql: sql.into_sql_str(),
+        sql,
         params: Vec::new(),
     }
 }
@@ -139,8 +139,8 @@ impl<'a> Query<'a> {
     /// The statement's text and its parameters, for a driver other than sqlx's (the SQLite
     /// writer's direct connection).
     #[cfg(feature = "sqlite")]
-    pub(crate) fn parts(&self) -> (&str, &[Param<'a>]) {
-        (self.sql.as_str(), &self.params)
+    pub(crate) fn parts(&self) -> (&'static str, &[Param<'a>]) {
+        (self.sql, &self.params)
     }
 
     /// The sqlx query of one backend.

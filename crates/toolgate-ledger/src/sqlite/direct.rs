@@ -45,6 +45,11 @@ const INSERT_CALL: &str = concat!(
 /// The write connection of a ledger file.
 pub(super) struct LiteConn {
     conn: Connection,
+    /// Which parameter each placeholder of a statement takes, learned at the statement's first
+    /// run (asking SQLite for every placeholder's name at every run cost more than some
+    /// statements' own work). Keyed by where the statement's text lives and its length: every
+    /// text is `'static` (see [`Query`]), so the same key is always the same text.
+    positions: HashMap<(usize, usize), Box<[usize]>>,
 }
 
 impl fmt::Debug for LiteConn {
@@ -79,7 +84,10 @@ impl LiteConn {
         )
         .map_err(failed)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        Ok(LiteConn { conn })
+        Ok(LiteConn {
+            conn,
+            positions: HashMap::new(),
+        })
     }
 
     /// Runs one statement without parameters (transaction control).
@@ -112,17 +120,21 @@ impl LiteConn {
 
     /// Prepares (or takes from the cache) and binds `query`, then hands the statement to `run`.
     fn with_statement<T>(
-        &self,
+        &mut self,
         query: &Query<'_>,
         run: impl FnOnce(&mut Statement<'_>) -> rusqlite::Result<T>,
     ) -> Result<T, sqlx::Error> {
         let (sql, params) = query.parts();
         let mut statement = self.conn.prepare_cached(sql).map_err(to_sqlx)?;
-        bind(&mut statement, params).map_err(to_sqlx)?;
+        let positions = self
+            .positions
+            .entry((sql.as_ptr() as usize, sql.len()))
+            .or_insert_with(|| placeholders(&statement));
+        bind(&mut statement, positions, params).map_err(to_sqlx)?;
         run(&mut statement).map_err(to_sqlx)
     }
 
-    fn execute_now(&self, query: &Query<'_>) -> Result<u64, sqlx::Error> {
+    fn execute_now(&mut self, query: &Query<'_>) -> Result<u64, sqlx::Error> {
         self.with_statement(query, |statement| {
             let mut rows = statement.raw_query();
             while rows.next()?.is_some() {}
@@ -131,7 +143,7 @@ impl LiteConn {
         Ok(self.conn.changes())
     }
 
-    fn fetch_now(&self, query: &Query<'_>, limit: usize) -> Result<Vec<LiteRow>, sqlx::Error> {
+    fn fetch_now(&mut self, query: &Query<'_>, limit: usize) -> Result<Vec<LiteRow>, sqlx::Error> {
         self.with_statement(query, |statement| {
             let columns: Arc<[String]> = statement
                 .column_names()
@@ -157,15 +169,29 @@ impl LiteConn {
     }
 }
 
-/// Binds `params` to the statement's placeholders. `$N` (or `?N`) takes the N-th parameter,
-/// wherever and however often it appears, as in sqlx; a bare `?` takes the next in order.
-fn bind(statement: &mut Statement<'_>, params: &[Param<'_>]) -> rusqlite::Result<()> {
-    for index in 1..=statement.parameter_count() {
-        let position = statement
-            .parameter_name(index)
-            .and_then(|name| name.strip_prefix(['$', '?']))
-            .and_then(|number| number.parse::<usize>().ok())
-            .unwrap_or(index);
+/// Which parameter each of the statement's placeholders takes, in SQLite's order of them (1 is
+/// the first parameter). `$N` (or `?N`) takes the N-th parameter, wherever and however often it
+/// appears, as in sqlx (SQLite gives all of a name's appearances one placeholder); a bare `?`
+/// takes the next in order.
+fn placeholders(statement: &Statement<'_>) -> Box<[usize]> {
+    (1..=statement.parameter_count())
+        .map(|index| {
+            statement
+                .parameter_name(index)
+                .and_then(|name| name.strip_prefix(['$', '?']))
+                .and_then(|number| number.parse::<usize>().ok())
+                .unwrap_or(index)
+        })
+        .collect()
+}
+
+/// Binds `params` to the statement's placeholders, as `positions` ([`placeholders`]) says.
+fn bind(
+    statement: &mut Statement<'_>,
+    positions: &[usize],
+    params: &[Param<'_>],
+) -> rusqlite::Result<()> {
+    for (index, &position) in (1..).zip(positions) {
         let Some(param) = position.checked_sub(1).and_then(|at| params.get(at)) else {
             return Err(rusqlite::Error::InvalidParameterCount(
                 position,
@@ -431,12 +457,15 @@ mod tests {
             &mut conn,
             "CREATE TABLE t (a TEXT, b INTEGER, c INTEGER, d TEXT)",
         );
-        // `$2` before `$1`, and `$1` twice.
-        let insert = query("INSERT INTO t (b, a, c, d) VALUES ($2, $1, $3, $1 || '!')")
-            .bind("x")
-            .bind(7_i64)
-            .bind(true);
-        assert_eq!(conn.execute_now(&insert).unwrap(), 1);
+        // `$2` before `$1`, and `$1` twice; the second run binds by what the first learned.
+        for (a, b) in [("x", 7_i64), ("w", 8)] {
+            let insert = query("INSERT INTO t (b, a, c, d) VALUES ($2, $1, $3, $1 || '!')")
+                .bind(a)
+                .bind(b)
+                .bind(true);
+            assert_eq!(conn.execute_now(&insert).unwrap(), 1);
+        }
+        assert_eq!(conn.positions.len(), 2, "one entry per statement text");
         let missing = Option::<&str>::None;
         let insert = query("INSERT INTO t (a, b, c, d) VALUES (?, ?, ?, ?)")
             .bind(missing)
@@ -448,20 +477,23 @@ mod tests {
         let rows = conn
             .fetch_now(&query("SELECT a, b, c, d FROM t ORDER BY d"), usize::MAX)
             .unwrap();
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0].text("a").unwrap(), "x");
-        assert_eq!(rows[0].int("b").unwrap(), 7);
-        assert!(rows[0].flag("c").unwrap());
-        assert_eq!(rows[0].text("d").unwrap(), "x!");
-        assert_eq!(rows[1].text_opt("a").unwrap(), None);
-        assert_eq!(rows[1].int_opt("b").unwrap(), None);
-        assert!(!rows[1].flag("c").unwrap());
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].text("a").unwrap(), "w");
+        assert_eq!(rows[0].int("b").unwrap(), 8);
+        assert_eq!(rows[0].text("d").unwrap(), "w!");
+        assert_eq!(rows[1].text("a").unwrap(), "x");
+        assert_eq!(rows[1].int("b").unwrap(), 7);
+        assert!(rows[1].flag("c").unwrap());
+        assert_eq!(rows[1].text("d").unwrap(), "x!");
+        assert_eq!(rows[2].text_opt("a").unwrap(), None);
+        assert_eq!(rows[2].int_opt("b").unwrap(), None);
+        assert!(!rows[2].flag("c").unwrap());
 
         // A value of the wrong type, a NULL where one is required and an absent column are
         // the file's fault, said as such.
         for error in [
-            rows[0].int("a").unwrap_err(),
-            rows[1].text("a").unwrap_err(),
+            rows[1].int("a").unwrap_err(),
+            rows[2].text("a").unwrap_err(),
             rows[0].text("nope").unwrap_err(),
         ] {
             assert!(matches!(error, LedgerError::Corrupt(_)), "{error}");
@@ -472,7 +504,7 @@ mod tests {
         let one = conn
             .fetch_now(&query("SELECT count(*) AS n FROM t"), 1)
             .unwrap();
-        assert_eq!(one[0].int("n").unwrap(), 2);
+        assert_eq!(one[0].int("n").unwrap(), 3);
     }
 
     #[test]

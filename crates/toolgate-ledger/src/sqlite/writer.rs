@@ -172,44 +172,37 @@ impl Writer {
     ) -> Result<Vec<Result<Reply, LedgerError>>, LedgerError> {
         self.moved_heads.clear();
         self.begin()?;
-        // A batch of one operation (most batches under light load) is its own transaction:
-        // no savepoint needed (whose sub-journal copies every page the operation changes).
-        let alone = ops.len() == 1;
-        let together = if alone {
-            None
-        } else {
-            self.run_together(ops).await?
-        };
-        let results = match together {
-            Some(results) => results,
-            None => {
-                if !alone {
-                    // Rolled back: again, one operation after another.
-                    self.counters.bulk_fallbacks.fetch_add(1, Ordering::Relaxed);
-                    self.begin()?;
+        let results = if let [op] = ops {
+            // A batch of one operation (most batches under light load) is its own
+            // transaction: no savepoint needed (whose sub-journal copies every page the
+            // operation changes).
+            match self.run_alone(op).await {
+                Ok(reply) => vec![Ok(reply)],
+                // Refused and rolled back already: nothing to commit.
+                Err(Fail::Op(error)) => return Ok(vec![Err(error)]),
+                Err(Fail::Fatal(error)) => {
+                    self.abandon();
+                    return Err(error);
                 }
-                let mut results = Vec::with_capacity(ops.len());
-                for op in ops {
-                    let result = if alone {
-                        self.run_alone(op).await
-                    } else {
-                        self.run_op(op).await
-                    };
-                    match result {
-                        Ok(reply) => results.push(Ok(reply)),
-                        Err(Fail::Op(error)) => results.push(Err(error)),
-                        Err(Fail::Fatal(error)) => {
-                            self.abandon();
-                            return Err(error);
-                        }
+            }
+        } else if let Some(results) = self.run_together(ops).await? {
+            results
+        } else {
+            // Rolled back: again, one operation after another, each in its own savepoint.
+            self.counters.bulk_fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.begin()?;
+            let mut results = Vec::with_capacity(ops.len());
+            for op in ops {
+                match self.run_op(op).await {
+                    Ok(reply) => results.push(Ok(reply)),
+                    Err(Fail::Op(error)) => results.push(Err(error)),
+                    Err(Fail::Fatal(error)) => {
+                        self.abandon();
+                        return Err(error);
                     }
                 }
-                if alone && results.iter().all(Result::is_err) {
-                    // Refused and rolled back already (`run_alone`): nothing to commit.
-                    return Ok(results);
-                }
-                results
             }
+            results
         };
         if let Err(error) = self.commit().await {
             self.abandon();
@@ -244,15 +237,13 @@ impl Writer {
             match result {
                 Ok(reply) => replies.push(Ok(reply)),
                 Err(Fail::Op(_)) => {
-                    // SQLite may have rolled the transaction back itself.
-                    if self.conn.in_transaction()
-                        && let Err(error) = self.conn.control("ROLLBACK")
-                    {
-                        self.abandon();
-                        return Err(database_error(&error, format!("ROLLBACK failed: {error}")));
-                    }
-                    self.restore_heads(moved);
-                    return Ok(None);
+                    return match self.roll_back_refused(moved) {
+                        Ok(()) => Ok(None),
+                        Err(Fail::Fatal(error) | Fail::Op(error)) => {
+                            self.abandon();
+                            Err(error)
+                        }
+                    };
                 }
                 Err(Fail::Fatal(error)) => {
                     self.abandon();
@@ -276,15 +267,21 @@ impl Writer {
                 Ok(reply)
             }
             Err(Fail::Op(error)) => {
-                // SQLite may have rolled the transaction back itself.
-                if self.conn.in_transaction() {
-                    self.control("ROLLBACK")?;
-                }
-                self.restore_heads(undo);
+                self.roll_back_refused(undo)?;
                 Err(Fail::Op(error))
             }
             Err(fatal) => Err(fatal),
         }
+    }
+
+    /// Undoes the batch's transaction after a refusal, with the chain heads it moved.
+    fn roll_back_refused(&mut self, undo: Vec<(String, Head)>) -> Result<(), Fail> {
+        // SQLite may have rolled the transaction back itself.
+        if self.conn.in_transaction() {
+            self.control("ROLLBACK")?;
+        }
+        self.restore_heads(undo);
+        Ok(())
     }
 
     /// One operation of a larger batch that was refused all together, atomic on its own.
