@@ -6,6 +6,7 @@ mod clock;
 mod connector;
 mod decision;
 mod error;
+pub mod hex;
 mod ids;
 pub mod redact;
 mod registry;

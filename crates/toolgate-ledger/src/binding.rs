@@ -189,7 +189,7 @@ impl Sink for Map<String, Value> {
     fn sha256(&mut self, name: &'static str, text: &str) {
         self.insert(
             name.into(),
-            Value::String(hex::encode(Sha256::digest(text.as_bytes()))),
+            Value::String(toolgate_core::hex::encode(Sha256::digest(text.as_bytes()))),
         );
     }
 }
@@ -333,11 +333,8 @@ impl Sink for Fields<'_> {
 
     fn sha256(&mut self, name: &'static str, text: &str) {
         self.key(name);
-        let mut hex = [0_u8; 64];
-        hex::encode_to_slice(Sha256::digest(text.as_bytes()), &mut hex)
-            .expect("64 hex digits for 32 bytes");
         self.out.push(b'"');
-        self.out.extend_from_slice(&hex);
+        toolgate_core::hex::encode_into(Sha256::digest(text.as_bytes()), self.out);
         self.out.push(b'"');
     }
 }
@@ -492,7 +489,7 @@ mod tests {
             .call(call, input, Some("out"))
             .decision(decision, r#"["p1"]"#)
             .pending(pending);
-        let sha = |text: &str| hex::encode(Sha256::digest(text));
+        let sha = |text: &str| toolgate_core::hex::encode(Sha256::digest(text));
         // Every field by name, as the verifier reads it back.
         let expected = json!({
             "call": {
@@ -538,7 +535,7 @@ mod tests {
                 "id": "c1",
                 "status": "failed",
                 "error_code": "VENDOR_ERROR",
-                "error_sha256": hex::encode(Sha256::digest("vendor said \"no\"")),
+                "error_sha256": toolgate_core::hex::encode(Sha256::digest("vendor said \"no\"")),
                 "output_sha256": null,
                 "attempts": 1,
             }}))

@@ -37,7 +37,7 @@ pub fn event_hash(prev_hash: &str, fields: &EventFields<'_>) -> String {
     put_optional(&mut hasher, fields.tool_call_id);
     put_text(&mut hasher, fields.payload.as_bytes());
     Sink::update(&mut hasher, fields.at.to_be_bytes());
-    hex::encode(hasher.finalize())
+    toolgate_core::hex::encode(hasher.finalize())
 }
 
 /// Separates keyed event MACs from every other MAC under the chain key.
@@ -84,7 +84,7 @@ pub(crate) fn event_mac(
     put_text(&mut message, fields.payload.as_bytes());
     message.update(fields.at.to_be_bytes());
     put_optional(&mut message, fields.binding);
-    keys.mac(key_id, &message).map(hex::encode)
+    keys.mac(key_id, &message).map(toolgate_core::hex::encode)
 }
 
 /// How a new event is linked: keyed under the active key when the store has keys, else the

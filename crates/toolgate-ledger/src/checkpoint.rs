@@ -184,7 +184,8 @@ impl Checkpoint {
             message.extend_from_slice(&head.chain_seq.to_be_bytes());
             put(&mut message, head.hash.as_bytes());
         }
-        keys.mac(&self.key_id, &message).map(hex::encode)
+        keys.mac(&self.key_id, &message)
+            .map(toolgate_core::hex::encode)
     }
 }
 

@@ -237,7 +237,7 @@ impl AdminEvent {
     pub(crate) fn policy_set(tenant: &TenantId, text: &str, actor: &Actor) -> AdminEvent {
         use sha2::Digest as _;
         let details = json!({
-            "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            "sha256": toolgate_core::hex::encode(sha2::Sha256::digest(text.as_bytes())),
             "bytes": text.len(),
         });
         let chain = AuditChain::Tenant(tenant.clone());

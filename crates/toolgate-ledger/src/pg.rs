@@ -79,7 +79,7 @@ fn channel(prefix: &str, schema: Option<&str>) -> String {
         None => prefix.to_owned(),
         Some(schema) => {
             let digest = sha2::Sha256::digest(schema.as_bytes());
-            format!("{prefix}_{}", hex::encode(&digest[..8]))
+            format!("{prefix}_{}", toolgate_core::hex::encode(&digest[..8]))
         }
     }
 }

@@ -80,7 +80,7 @@ pub(crate) fn issue_token(
 /// Hex SHA-256 of a token. Tokens carry 256 random bits, so a plain hash is enough (no
 /// password stretching needed) and keeps authentication cheap on every call.
 pub(crate) fn hash_token(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    toolgate_core::hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// Verifies bearer tokens against the store, caching hits briefly (revocations through this

@@ -73,7 +73,7 @@ pub(super) fn outcome_from_record(record: &ToolCallRecord, replayed: bool) -> Ex
 pub(crate) fn hash_json(value: &Value) -> String {
     let mut hasher = Sha256::new();
     write_canonical(value, &mut hasher);
-    hex::encode(hasher.finalize())
+    toolgate_core::hex::encode(hasher.finalize())
 }
 
 fn write_canonical(value: &Value, hasher: &mut Sha256) {

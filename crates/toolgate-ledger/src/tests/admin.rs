@@ -79,7 +79,7 @@ async fn lengths(db: &Db, backend: Backend, chains: &[&str]) -> Vec<usize> {
 }
 
 fn sha256_hex(text: &str) -> String {
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+    toolgate_core::hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
 fn token(id: &str, role: Role, tenant: Option<&str>, agent: Option<&str>) -> TokenRecord {

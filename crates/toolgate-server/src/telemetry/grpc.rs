@@ -57,7 +57,7 @@ fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
     // `/toolgate.v1.AgentService/ExecuteTool`: both parts are names from the contract (or
     // whatever a client sent, which is not a secret's place and is cut short).
     let path = request.uri().path();
-    let path: String = path.chars().take(128).collect();
+    let path = first_chars(path, 128);
     let span = if grpc {
         let path = path.trim_start_matches('/');
         let (service, method) = path.split_once('/').unwrap_or((path, ""));
@@ -79,7 +79,7 @@ fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
             otel.name = format!("{method} {path}"),
             otel.kind = "server",
             http.request.method = method,
-            url.path = path.as_str(),
+            url.path = path,
         )
     };
     if span.is_disabled() {
@@ -90,6 +90,17 @@ fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
         toolgate_core::trace::set_parent(&span, parent);
     }
     span
+}
+
+/// The first `count` characters of `text`, without copying it.
+fn first_chars(text: &str, count: usize) -> &str {
+    // No more bytes than `count` are no more characters than `count`.
+    if text.len() <= count {
+        return text;
+    }
+    text.char_indices()
+        .nth(count)
+        .map_or(text, |(end, _)| &text[..end])
 }
 
 /// The W3C trace context of `headers` (`traceparent`, `tracestate`), when they hold a valid
@@ -109,6 +120,18 @@ pub(crate) fn header_trace_context(headers: &http::HeaderMap) -> Option<SpanCont
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_is_cut_at_a_character_count_never_inside_one() {
+        assert_eq!(first_chars("/a/b", 128), "/a/b");
+        let long = "x".repeat(200);
+        assert_eq!(first_chars(&long, 128), &long[..128]);
+        // 100 two-byte characters: 200 bytes, all of them kept.
+        let wide = "é".repeat(100);
+        assert_eq!(first_chars(&wide, 128), wide);
+        let wider = "é".repeat(130);
+        assert_eq!(first_chars(&wider, 128), "é".repeat(128));
+    }
 
     #[test]
     fn tracestate_lines_are_one_list() {
