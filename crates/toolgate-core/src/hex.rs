@@ -16,22 +16,19 @@ fn digits(byte: u8) -> [u8; 2] {
 
 /// `bytes` as lower-case hexadecimal, two digits per byte.
 pub fn encode(bytes: impl AsRef<[u8]>) -> String {
-    let bytes = bytes.as_ref();
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for &byte in bytes {
-        let [high, low] = digits(byte);
-        text.push(char::from(high));
-        text.push(char::from(low));
-    }
-    text
+    let mut text = Vec::new();
+    encode_into(bytes, &mut text);
+    String::from_utf8(text).expect("hexadecimal digits are ASCII")
 }
 
 /// Appends `bytes` to `out` as lower-case hexadecimal, two digits per byte.
 pub fn encode_into(bytes: impl AsRef<[u8]>, out: &mut Vec<u8>) {
     let bytes = bytes.as_ref();
-    out.reserve(bytes.len() * 2);
-    for &byte in bytes {
-        out.extend_from_slice(&digits(byte));
+    let start = out.len();
+    // Sized once, then filled in place: no capacity check per digit.
+    out.resize(start + bytes.len() * 2, 0);
+    for (pair, &byte) in out[start..].chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&digits(byte));
     }
 }
 

@@ -120,7 +120,12 @@ impl Engine {
             redactor: &self.redactor,
         };
         let span = trace::call_span(request.tenant.as_str(), name);
-        let answer = self.steps(&request, &span).instrument(span.clone()).await;
+        // The pipeline's future is large (every step's state); boxed, it is built once in place
+        // and never copied again as the futures around it (the span, the gRPC handler, the
+        // server's task) are created and moved.
+        let answer = Box::pin(self.steps(&request, &span))
+            .instrument(span.clone())
+            .await;
         trace::record_outcome(&span, &answer);
         let report = match &answer {
             Ok(outcome) => CallReport {
