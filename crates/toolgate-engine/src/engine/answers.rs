@@ -79,14 +79,15 @@ impl Engine {
                 return Ok(Some(Err(conflict)));
             }
             let Some(mut again) = spare.filter(|_| refused_before_execution(&existing)) else {
-                return Ok(Some(self.answer_of(existing, true).await));
+                // A replay: boxed, so its state does not enlarge every call's future.
+                return Ok(Some(Box::pin(self.answer_of(existing, true)).await));
             };
             adopt(&mut again, call, &existing);
             observed_evaluation = Some(existing.evaluation);
             attempt = again;
         }
         let current = self.get_tool_call(&call.tenant, &call.id).await?;
-        Ok(Some(self.answer_of(current, true).await))
+        Ok(Some(Box::pin(self.answer_of(current, true)).await))
     }
 
     /// The answer for a recorded call: the sealed full answer while it is kept, otherwise the

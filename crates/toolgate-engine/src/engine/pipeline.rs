@@ -159,13 +159,15 @@ impl Engine {
     ) -> Result<ExecuteOutcome, EngineError> {
         let (mut call, arguments) = self.parse(request).await?;
         trace::record_call(span, &call.record, call.name.as_ref());
+        // The refusal and approval paths are boxed: the state of a future is that of its
+        // largest path, and every call would otherwise carry theirs.
         let admitted = match self.admit(&mut call, arguments).await {
             Ok(admitted) => admitted,
-            Err(Stop::Refused(refusal)) => return self.refuse(call, refusal).await,
+            Err(Stop::Refused(refusal)) => return Box::pin(self.refuse(call, refusal)).await,
             Err(Stop::Failed(error)) => return Err(error),
         };
         if admitted.decided.decision.decision.needs_approval() {
-            return self.approval(call, admitted).await;
+            return Box::pin(self.approval(call, admitted)).await;
         }
         let configured = call
             .timeout
