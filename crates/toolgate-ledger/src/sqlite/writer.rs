@@ -237,13 +237,11 @@ impl Writer {
             match result {
                 Ok(reply) => replies.push(Ok(reply)),
                 Err(Fail::Op(_)) => {
-                    return match self.roll_back_refused(moved) {
-                        Ok(()) => Ok(None),
-                        Err(Fail::Fatal(error) | Fail::Op(error)) => {
-                            self.abandon();
-                            Err(error)
-                        }
-                    };
+                    if let Err(error) = self.roll_back_refused(moved) {
+                        self.abandon();
+                        return Err(error);
+                    }
+                    return Ok(None);
                 }
                 Err(Fail::Fatal(error)) => {
                     self.abandon();
@@ -267,18 +265,21 @@ impl Writer {
                 Ok(reply)
             }
             Err(Fail::Op(error)) => {
-                self.roll_back_refused(undo)?;
+                self.roll_back_refused(undo).map_err(Fail::Fatal)?;
                 Err(Fail::Op(error))
             }
             Err(fatal) => Err(fatal),
         }
     }
 
-    /// Undoes the batch's transaction after a refusal, with the chain heads it moved.
-    fn roll_back_refused(&mut self, undo: Vec<(String, Head)>) -> Result<(), Fail> {
+    /// Undoes the batch's transaction after a refusal, with the chain heads it moved. An error
+    /// is a failed ROLLBACK: the batch's state is then unknown.
+    fn roll_back_refused(&mut self, undo: Vec<(String, Head)>) -> Result<(), LedgerError> {
         // SQLite may have rolled the transaction back itself.
         if self.conn.in_transaction() {
-            self.control("ROLLBACK")?;
+            self.conn
+                .control("ROLLBACK")
+                .map_err(|error| database_error(&error, format!("ROLLBACK failed: {error}")))?;
         }
         self.restore_heads(undo);
         Ok(())
