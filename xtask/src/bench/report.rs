@@ -146,6 +146,17 @@ impl Report {
         self.echo.open_cpu_per_call() + 2.0 * micros(self.floor.writer_cpu)
     }
 
+    /// The SQLite gateway's closed loop against what this machine's cores allow it.
+    fn cpu_ceiling(&self) -> CpuCeiling {
+        let closed = &self.gateway.closed;
+        CpuCeiling::of(
+            cores(),
+            closed.throughput(),
+            closed.cpu.server_percent,
+            closed.cpu.client_percent,
+        )
+    }
+
     /// The least latency a call can add at the fixed rate on this machine: two durable commits
     /// one after the other, each at the floor's median.
     fn light_load_latency_floor(&self) -> Duration {
@@ -171,7 +182,7 @@ impl Report {
                 name: "gateway throughput",
                 value: self.gateway.closed.throughput(),
                 unit: "calls/s",
-                limit: 12_000.0,
+                limit: GATEWAY_THROUGHPUT_TARGET,
                 at_least: true,
             },
             Check {
@@ -604,6 +615,19 @@ impl Report {
             millis(self.light_load_latency_floor()),
             self.added(|l| l.p50) / 1000.0,
         );
+        let ceiling = self.cpu_ceiling();
+        let _ = writeln!(
+            out,
+            "\nclosed-loop ceiling on this machine's {} cores: the gateway's {:.1} µs + the load client's {:.1} µs of CPU per call = {:.1} µs, so at most {:.0} calls/s with every core busy (the gateway ran {:.0}/s); {:.0} calls/s would need at most {:.1} µs per call for both",
+            ceiling.cores,
+            ceiling.gateway_us,
+            ceiling.client_us,
+            ceiling.gateway_us + ceiling.client_us,
+            ceiling.calls_per_s,
+            self.gateway.closed.throughput(),
+            GATEWAY_THROUGHPUT_TARGET,
+            ceiling.budget_us(GATEWAY_THROUGHPUT_TARGET),
+        );
         let _ = writeln!(out, "\ntargets");
         for check in self.checks() {
             let _ = writeln!(
@@ -645,6 +669,7 @@ impl Report {
     /// Writes the figures as JSON.
     pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let o = &self.options;
+        let ceiling = self.cpu_ceiling();
         let mut value = json!({
             "settings": {
                 "duration_s": o.duration.as_secs_f64(),
@@ -724,6 +749,13 @@ impl Report {
                 "commit_us": { "p50": micros(self.floor.p50), "p99": micros(self.floor.p99) },
                 "light_load_floor_us_per_call": self.light_load_floor(),
                 "light_load_added_latency_floor_us": micros(self.light_load_latency_floor()),
+            },
+            "cpu_ceiling": {
+                "cores": ceiling.cores,
+                "gateway_cpu_us_per_call": ceiling.gateway_us,
+                "client_cpu_us_per_call": ceiling.client_us,
+                "calls_per_s": ceiling.calls_per_s,
+                "target_cpu_us_per_call": ceiling.budget_us(GATEWAY_THROUGHPUT_TARGET),
             },
             "gateway_stderr": self.gateway_stderr,
             "targets": self.checks().iter().map(|c| json!({
@@ -806,6 +838,59 @@ fn target_json(figures: &TargetFigures) -> Value {
 }
 
 /// The server's CPU time and context switches per answered call.
+/// The SQLite gateway's closed-loop throughput target, calls/s.
+const GATEWAY_THROUGHPUT_TARGET: f64 = 12_000.0;
+
+/// The cores the kernel lets this process use.
+fn cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// A CPU-bound closed loop's limit: with the gateway and its load client sharing the machine,
+/// no throughput is possible beyond the one at which their CPU per call fills every core.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuCeiling {
+    cores: u32,
+    /// The gateway's CPU per call in the closed loop, µs.
+    gateway_us: f64,
+    /// The load client's, µs.
+    client_us: f64,
+    /// The throughput at which the two fill every core.
+    calls_per_s: f64,
+}
+
+impl CpuCeiling {
+    /// From a closed loop's throughput and the CPU (in percent of one core) the gateway and
+    /// the client used meanwhile.
+    fn of(cores: u32, throughput: f64, gateway_percent: f64, client_percent: f64) -> CpuCeiling {
+        let per_call = |percent: f64| {
+            if throughput > 0.0 {
+                percent / 100.0 * 1e6 / throughput
+            } else {
+                0.0
+            }
+        };
+        let (gateway_us, client_us) = (per_call(gateway_percent), per_call(client_percent));
+        let both = gateway_us + client_us;
+        CpuCeiling {
+            cores,
+            gateway_us,
+            client_us,
+            calls_per_s: if both > 0.0 {
+                f64::from(cores) * 1e6 / both
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// The CPU per call, gateway and client together, that `calls_per_s` leaves on these
+    /// cores.
+    fn budget_us(&self, calls_per_s: f64) -> f64 {
+        f64::from(self.cores) * 1e6 / calls_per_s
+    }
+}
+
 fn per_call(cpu: &CpuUsage, calls: u64) -> (f64, f64) {
     if calls == 0 {
         return (0.0, 0.0);
@@ -879,4 +964,30 @@ fn millis(duration: Duration) -> f64 {
 
 fn kib_to_mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ceiling_is_where_gateway_and_client_fill_every_core() {
+        // 7,000 calls/s with the gateway at 140% of a core and the client at 49%: 200 µs and
+        // 70 µs per call; two cores give 2,000,000 µs a second, 270 µs a call.
+        let ceiling = CpuCeiling::of(2, 7_000.0, 140.0, 49.0);
+        assert!((ceiling.gateway_us - 200.0).abs() < 1e-9, "{ceiling:?}");
+        assert!((ceiling.client_us - 70.0).abs() < 1e-9, "{ceiling:?}");
+        assert!(
+            (ceiling.calls_per_s - 2e6 / 270.0).abs() < 1e-6,
+            "{ceiling:?}"
+        );
+        // 12,000 calls/s on two cores leaves 166.7 µs a call for both.
+        assert!((ceiling.budget_us(12_000.0) - 2e6 / 12_000.0).abs() < 1e-9);
+        // A loop that answered nothing has no ceiling to speak of, not a division by zero.
+        let idle = CpuCeiling::of(2, 0.0, 0.0, 0.0);
+        assert_eq!(
+            (idle.gateway_us, idle.client_us, idle.calls_per_s),
+            (0.0, 0.0, 0.0)
+        );
+    }
 }
