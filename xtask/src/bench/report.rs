@@ -837,7 +837,6 @@ fn target_json(figures: &TargetFigures) -> Value {
     })
 }
 
-/// The server's CPU time and context switches per answered call.
 /// The SQLite gateway's closed-loop throughput target, calls/s.
 const GATEWAY_THROUGHPUT_TARGET: f64 = 12_000.0;
 
@@ -891,6 +890,7 @@ impl CpuCeiling {
     }
 }
 
+/// The server's CPU time and context switches per answered call.
 fn per_call(cpu: &CpuUsage, calls: u64) -> (f64, f64) {
     if calls == 0 {
         return (0.0, 0.0);
