@@ -158,14 +158,14 @@ impl Sessions {
         let policy = session_policy(actions);
         let key = RoleKey {
             tenant: ctx.tenant.clone(),
-            base_key: hex::encode(Sha256::digest(format!(
+            base_key: toolgate_core::hex::encode(Sha256::digest(format!(
                 "{}\n{}",
                 tenant.access_key_id.expose(),
                 tenant.secret_access_key.expose()
             ))),
             role_arn: role.arn.clone(),
             external_id: role.external_id.clone(),
-            policy_hash: hex::encode(Sha256::digest(&policy)),
+            policy_hash: toolgate_core::hex::encode(Sha256::digest(&policy)),
         };
         let now = SystemTime::now();
         let cached = self
