@@ -64,6 +64,8 @@
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
 //! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
+//! - `--light-only`: only the light load: the disk's floor, then the echo server and the
+//!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call.
 //! - `--no-instructions`: skip counting the instructions per call of a plain and an observed
 //!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
 //!   valgrind is installed): what observing adds, independent of the machine's load (2,000
@@ -159,6 +161,7 @@ struct Options {
     redaction_only: bool,
     overhead_only: bool,
     postgres_only: bool,
+    light_only: bool,
     instructions: Count,
     metrics: bool,
 }
@@ -189,6 +192,7 @@ impl Options {
             redaction_only: false,
             overhead_only: false,
             postgres_only: false,
+            light_only: false,
             instructions: Count::WhenInstalled,
             metrics: false,
         };
@@ -222,6 +226,7 @@ impl Options {
                 "--redaction-only" => options.redaction_only = true,
                 "--overhead-only" => options.overhead_only = true,
                 "--postgres-only" => options.postgres_only = true,
+                "--light-only" => options.light_only = true,
                 "--instructions" => options.instructions = Count::Always,
                 "--no-instructions" => options.instructions = Count::Never,
                 "--metrics" => options.metrics = true,
@@ -244,7 +249,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--postgres-only] [--instructions | --no-instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--postgres-only] [--light-only] [--instructions | --no-instructions] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -330,6 +335,10 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             figures.open.failed
         );
         return Ok(());
+    }
+
+    if options.light_only {
+        return runtime.block_on(measure_light_only(options, &own_binary, &gateway_binary));
     }
 
     println!("\n==> redaction of a typical call (in-process)");
@@ -482,6 +491,84 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
 /// The SQLite gateway with traces exported to the sink and metrics on: the same closed and
 /// open loops.
+/// `--light-only`: the disk's floor, then the echo server's and the SQLite gateway's open
+/// loops at the fixed rate, each with its CPU and context switches per call.
+async fn measure_light_only(
+    options: &Options,
+    own_binary: &Path,
+    gateway_binary: &Path,
+) -> anyhow::Result<()> {
+    let floor_dir = tempfile::Builder::new()
+        .prefix("toolgate-bench-floor-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let floor = floor::measure(
+        floor_dir.path(),
+        options.rate,
+        options.open_warmup,
+        options.duration,
+    )?;
+    println!("floor at {} commits/s: {}", options.rate, floor.summary());
+    let echo = process::spawn_echo(own_binary)?;
+    let channels = load::connect(&echo.url, options.connections).await?;
+    let transport = Transport::Grpc(Target::echo(&echo.url), channels);
+    let echo_open = light_open_loop(options, &transport, echo.pid(), "echo").await?;
+    drop(echo);
+    let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
+    let target = gateway.prepare().await?;
+    let channels = load::connect(&target.url, options.connections).await?;
+    let transport = Transport::Grpc(target, channels);
+    let gateway_open = light_open_loop(options, &transport, gateway.pid(), "gateway").await?;
+    println!(
+        "gateway peak RSS {:.1} MiB",
+        process::peak_rss_kib(gateway.pid())? as f64 / 1024.0
+    );
+    println!(
+        "gateway added p50 {:.2} ms, p99 {:.2} ms over echo (floor: 2 commits at p50 = {:.2} ms)",
+        (gateway_open.latency.p50.as_secs_f64() - echo_open.latency.p50.as_secs_f64()) * 1e3,
+        (gateway_open.latency.p99.as_secs_f64() - echo_open.latency.p99.as_secs_f64()) * 1e3,
+        2.0 * floor.p50.as_secs_f64() * 1e3,
+    );
+    Ok(())
+}
+
+/// One open loop at the fixed rate for `--light-only`, printed with its CPU, switches and
+/// busiest threads per call.
+async fn light_open_loop(
+    options: &Options,
+    transport: &Transport,
+    server_pid: u32,
+    name: &str,
+) -> anyhow::Result<OpenLoop> {
+    let open = load::open_loop(
+        transport,
+        &format!("light-{name}"),
+        options.rate,
+        options.open_warmup,
+        options.duration,
+        server_pid,
+    )
+    .await?;
+    let calls = (open.scheduled - open.failed).max(1) as f64;
+    let threads: Vec<String> = open
+        .cpu
+        .server_threads
+        .iter()
+        .map(|(thread, percent)| format!("{thread} {percent:.1}%"))
+        .collect();
+    println!(
+        "{name} at {} calls/s: p50 {} µs, p99 {} µs ({} failed); {:.1} µs CPU and {:.1} switches per call; threads: {}",
+        options.rate,
+        open.latency.p50.as_micros(),
+        open.latency.p99.as_micros(),
+        open.failed,
+        open.cpu.server_time.as_secs_f64() * 1e6 / calls,
+        open.cpu.server_switches as f64 / calls,
+        threads.join(", ")
+    );
+    Ok(open)
+}
+
 async fn measure_observed(
     options: &Options,
     own_binary: &Path,

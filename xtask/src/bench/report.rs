@@ -96,6 +96,9 @@ struct Check {
     limit: f64,
     /// True when the value must be at least the limit, false when at most.
     at_least: bool,
+    /// For an upper limit, the least value this machine allows, measured without the gateway
+    /// (the disk's light-load floor); `None` where no such bound is measured.
+    floor: Option<f64>,
 }
 
 impl Check {
@@ -104,6 +107,22 @@ impl Check {
             self.value >= self.limit
         } else {
             self.value <= self.limit
+        }
+    }
+
+    /// Whether the measured floor already exceeds the limit: no gateway could meet it here.
+    fn out_of_reach(&self) -> bool {
+        !self.at_least && self.floor.is_some_and(|floor| floor > self.limit)
+    }
+
+    /// What the table says after the target: the floor, when one was measured.
+    fn floor_note(&self) -> String {
+        match self.floor {
+            Some(floor) if self.out_of_reach() => {
+                format!("; this machine's floor {floor:.2}: out of reach here")
+            }
+            Some(floor) => format!("; this machine's floor {floor:.2}"),
+            None => String::new(),
         }
     }
 }
@@ -177,6 +196,7 @@ impl Report {
                 unit: "",
                 limit: 0.5,
                 at_least: true,
+                floor: None,
             },
             Check {
                 name: "gateway throughput",
@@ -184,6 +204,7 @@ impl Report {
                 unit: "calls/s",
                 limit: GATEWAY_THROUGHPUT_TARGET,
                 at_least: true,
+                floor: None,
             },
             Check {
                 name: "added p50 latency at the fixed rate",
@@ -191,6 +212,7 @@ impl Report {
                 unit: "ms",
                 limit: 0.5,
                 at_least: false,
+                floor: Some(millis(self.light_load_latency_floor())),
             },
             Check {
                 name: "added p99 latency at the fixed rate",
@@ -198,6 +220,7 @@ impl Report {
                 unit: "ms",
                 limit: 1.0,
                 at_least: false,
+                floor: None,
             },
             Check {
                 name: "gateway CPU per call at the fixed rate",
@@ -205,6 +228,7 @@ impl Report {
                 unit: "µs",
                 limit: 150.0,
                 at_least: false,
+                floor: Some(self.light_load_floor()),
             },
             // agentgateway measured on this machine: 10.3k-11.8k MCP tool calls/s in front of a
             // Rust echo server, with no ledger.
@@ -214,6 +238,7 @@ impl Report {
                 unit: "calls/s",
                 limit: 11_800.0,
                 at_least: true,
+                floor: None,
             },
             Check {
                 name: "throughput traced+metrics / plain",
@@ -221,6 +246,7 @@ impl Report {
                 unit: "",
                 limit: 0.95,
                 at_least: true,
+                floor: None,
             },
             // The same cost as work, which the machine's load does not move (with callgrind).
             Check {
@@ -232,6 +258,7 @@ impl Report {
                 unit: "",
                 limit: 1.05,
                 at_least: false,
+                floor: None,
             },
             Check {
                 name: "gateway throughput on PostgreSQL",
@@ -242,6 +269,7 @@ impl Report {
                 unit: "calls/s",
                 limit: 8_000.0,
                 at_least: true,
+                floor: None,
             },
             Check {
                 name: "redaction per typical call",
@@ -249,6 +277,7 @@ impl Report {
                 unit: "µs",
                 limit: 20.0,
                 at_least: false,
+                floor: None,
             },
             Check {
                 name: "gateway peak RSS",
@@ -256,6 +285,7 @@ impl Report {
                 unit: "MiB",
                 limit: 64.0,
                 at_least: false,
+                floor: None,
             },
             Check {
                 name: "start-up to healthy (median)",
@@ -263,6 +293,7 @@ impl Report {
                 unit: "ms",
                 limit: 100.0,
                 at_least: false,
+                floor: None,
             },
         ];
         checks
@@ -632,13 +663,14 @@ impl Report {
         for check in self.checks() {
             let _ = writeln!(
                 out,
-                "  {}  {:<38} {:>10.2} {:<8} (target {} {})",
+                "  {}  {:<38} {:>10.2} {:<8} (target {} {}{})",
                 if check.pass() { "PASS" } else { "MISS" },
                 check.name,
                 check.value,
                 check.unit,
                 if check.at_least { ">=" } else { "<=" },
-                check.limit
+                check.limit,
+                check.floor_note()
             );
         }
         print!("{out}");
@@ -765,6 +797,8 @@ impl Report {
                 "limit": c.limit,
                 "at_least": c.at_least,
                 "pass": c.pass(),
+                "floor": c.floor,
+                "out_of_reach": c.out_of_reach(),
             })).collect::<Vec<_>>(),
         });
         round_floats(&mut value);
@@ -969,6 +1003,33 @@ fn kib_to_mib(kib: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_below_the_machines_floor_is_out_of_reach() {
+        let check = |value: f64, floor: Option<f64>, at_least: bool| Check {
+            name: "figure",
+            value,
+            unit: "µs",
+            limit: 150.0,
+            at_least,
+            floor,
+        };
+        let below = check(675.0, Some(367.5), false);
+        assert!(!below.pass());
+        assert!(below.out_of_reach());
+        assert!(
+            below.floor_note().contains("out of reach"),
+            "{}",
+            below.floor_note()
+        );
+        let reachable = check(675.0, Some(120.0), false);
+        assert!(!reachable.out_of_reach());
+        assert_eq!(reachable.floor_note(), "; this machine's floor 120.00");
+        assert!(!check(675.0, None, false).out_of_reach());
+        assert_eq!(check(675.0, None, false).floor_note(), "");
+        // A floor bounds only what must stay under a limit.
+        assert!(!check(100.0, Some(200.0), true).out_of_reach());
+    }
 
     #[test]
     fn the_ceiling_is_where_gateway_and_client_fill_every_core() {
