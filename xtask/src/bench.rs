@@ -100,7 +100,7 @@ use anyhow::{Context as _, bail};
 use crate::bench::load::{ClosedLoop, OpenLoop, Target, Transport};
 use crate::bench::mcp::McpClient;
 use crate::bench::process::{Gateway, StartupSample};
-use crate::bench::report::{LedgerPhases, Report, TargetFigures};
+use crate::bench::report::{LedgerPhases, Report, TargetFigures, per_call};
 
 /// Builds the gateway measured: release, with the `testkit` connectors, and without the AWS
 /// connector, which the benchmark never calls: the AWS SDK alone takes about 40 minutes to
@@ -489,8 +489,6 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     report.check_calls()
 }
 
-/// The SQLite gateway with traces exported to the sink and metrics on: the same closed and
-/// open loops.
 /// `--light-only`: the disk's floor, then the echo server's and the SQLite gateway's open
 /// loops at the fixed rate, each with its CPU and context switches per call.
 async fn measure_light_only(
@@ -549,7 +547,7 @@ async fn light_open_loop(
         server_pid,
     )
     .await?;
-    let calls = (open.scheduled - open.failed).max(1) as f64;
+    let (cpu, switches) = per_call(&open.cpu, open.scheduled - open.failed);
     let threads: Vec<String> = open
         .cpu
         .server_threads
@@ -562,13 +560,15 @@ async fn light_open_loop(
         open.latency.p50.as_micros(),
         open.latency.p99.as_micros(),
         open.failed,
-        open.cpu.server_time.as_secs_f64() * 1e6 / calls,
-        open.cpu.server_switches as f64 / calls,
+        cpu,
+        switches,
         threads.join(", ")
     );
     Ok(open)
 }
 
+/// The SQLite gateway with traces exported to the sink and metrics on: the same closed and
+/// open loops.
 async fn measure_observed(
     options: &Options,
     own_binary: &Path,

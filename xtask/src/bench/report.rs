@@ -924,8 +924,8 @@ impl CpuCeiling {
     }
 }
 
-/// The server's CPU time and context switches per answered call.
-fn per_call(cpu: &CpuUsage, calls: u64) -> (f64, f64) {
+/// The server's CPU time (µs) and context switches per answered call.
+pub(crate) fn per_call(cpu: &CpuUsage, calls: u64) -> (f64, f64) {
     if calls == 0 {
         return (0.0, 0.0);
     }
