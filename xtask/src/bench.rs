@@ -356,17 +356,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         "\n==> the disk's floor: one durable SQLite commit at {} commits/s (no gateway)",
         options.rate
     );
-    let floor_dir = tempfile::Builder::new()
-        .prefix("toolgate-bench-floor-")
-        .tempdir()
-        .context("cannot create a temporary directory")?;
-    let floor = floor::measure(
-        floor_dir.path(),
-        options.rate,
-        options.open_warmup,
-        options.duration,
-    )?;
-    drop(floor_dir);
+    let floor = measure_floor(options)?;
     println!("  {}", floor.summary());
 
     println!("\n==> echo server (the floor)");
@@ -489,6 +479,20 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     report.check_calls()
 }
 
+/// The disk's floor at the fixed rate, in a temporary directory of its own.
+fn measure_floor(options: &Options) -> anyhow::Result<floor::CommitFloor> {
+    let floor_dir = tempfile::Builder::new()
+        .prefix("toolgate-bench-floor-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    floor::measure(
+        floor_dir.path(),
+        options.rate,
+        options.open_warmup,
+        options.duration,
+    )
+}
+
 /// `--light-only`: the disk's floor, then the echo server's and the SQLite gateway's open
 /// loops at the fixed rate, each with its CPU and context switches per call.
 async fn measure_light_only(
@@ -496,16 +500,7 @@ async fn measure_light_only(
     own_binary: &Path,
     gateway_binary: &Path,
 ) -> anyhow::Result<()> {
-    let floor_dir = tempfile::Builder::new()
-        .prefix("toolgate-bench-floor-")
-        .tempdir()
-        .context("cannot create a temporary directory")?;
-    let floor = floor::measure(
-        floor_dir.path(),
-        options.rate,
-        options.open_warmup,
-        options.duration,
-    )?;
+    let floor = measure_floor(options)?;
     println!("floor at {} commits/s: {}", options.rate, floor.summary());
     let echo = process::spawn_echo(own_binary)?;
     let channels = load::connect(&echo.url, options.connections).await?;
