@@ -63,6 +63,11 @@
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
+//! - `--compare BINARY`: only a change's effect: this tree's gateway against `BINARY`, a
+//!   gateway built from another commit (copy `target/release/toolgate` aside before the
+//!   change), both plain, in the same alternating windows, then (unless `--no-instructions`)
+//!   each one's instructions per call under callgrind. Throughput and CPU of separate runs
+//!   minutes apart differ by tens of percent on a shared machine; side by side they do not.
 //! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
 //! - `--light-only`: only the light load: the disk's floor, then the echo server and the
 //!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call.
@@ -99,6 +104,7 @@ use anyhow::{Context as _, bail};
 
 use crate::bench::load::{ClosedLoop, OpenLoop, Target, Transport};
 use crate::bench::mcp::McpClient;
+use crate::bench::overhead::Pair;
 use crate::bench::process::{Gateway, StartupSample};
 use crate::bench::report::{LedgerPhases, Report, TargetFigures, per_call};
 
@@ -160,6 +166,8 @@ struct Options {
     otlp_sink: bool,
     redaction_only: bool,
     overhead_only: bool,
+    /// `--compare`: the other build's gateway binary.
+    compare: Option<PathBuf>,
     postgres_only: bool,
     light_only: bool,
     instructions: Count,
@@ -191,6 +199,7 @@ impl Options {
             otlp_sink: false,
             redaction_only: false,
             overhead_only: false,
+            compare: None,
             postgres_only: false,
             light_only: false,
             instructions: Count::WhenInstalled,
@@ -225,6 +234,7 @@ impl Options {
                 "--otlp-sink" => options.otlp_sink = true,
                 "--redaction-only" => options.redaction_only = true,
                 "--overhead-only" => options.overhead_only = true,
+                "--compare" => options.compare = Some(PathBuf::from(value("a gateway binary")?)),
                 "--postgres-only" => options.postgres_only = true,
                 "--light-only" => options.light_only = true,
                 "--instructions" => options.instructions = Count::Always,
@@ -249,7 +259,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--postgres-only] [--light-only] [--instructions | --no-instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--instructions | --no-instructions] [--metrics]";
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -300,17 +310,29 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         options.client_threads
     );
 
-    // What observing costs: throughput and CPU in alternating windows, then instructions.
-    let observing = || {
-        let overhead = runtime.block_on(measure_overhead(options, &own_binary, &gateway_binary))?;
-        let instructions = runtime.block_on(measure_instructions(
-            options,
-            &own_binary,
-            &gateway_binary,
-            target_dir,
-        ))?;
+    // Two gateways side by side: throughput and CPU in alternating windows, then
+    // instructions. What observing costs, or with `--compare` what a change does.
+    let side_by_side = |pair: Pair<'_>| {
+        let overhead = runtime.block_on(measure_overhead(options, &own_binary, pair))?;
+        let instructions =
+            runtime.block_on(measure_instructions(options, &own_binary, pair, target_dir))?;
         Ok::<_, anyhow::Error>((overhead, instructions))
     };
+    let observing = || side_by_side(Pair::Observing(&gateway_binary));
+    if let Some(other) = &options.compare {
+        if !other.is_file() {
+            bail!("--compare {}: no such file", other.display());
+        }
+        let (overhead, instructions) = side_by_side(Pair::Builds {
+            this: &gateway_binary,
+            other,
+        })?;
+        println!("\n{}", overhead.summary());
+        if let Some(instructions) = instructions {
+            println!("{}", instructions.summary());
+        }
+        return Ok(());
+    }
     if options.overhead_only {
         let (overhead, instructions) = observing()?;
         println!("\n{}", overhead.summary());
@@ -590,25 +612,26 @@ async fn measure_observed(
     })
 }
 
-/// What observing costs: plain and observed gateways side by side in alternating windows
-/// (quick: 3 rounds of 1 s; else 6 rounds of 3 s, each window after its own warm-up).
+/// Two gateways side by side in alternating windows (quick: 3 rounds of 1 s; else 6 rounds
+/// of 3 s, each window after its own warm-up): what observing costs, or a change's effect.
 async fn measure_overhead(
     options: &Options,
     own_binary: &Path,
-    gateway_binary: &Path,
+    pair: Pair<'_>,
 ) -> anyhow::Result<overhead::Overhead> {
     let (rounds, window, warmup) = if options.quick {
         (3, Duration::from_secs(1), Duration::from_millis(500))
     } else {
         (6, Duration::from_secs(3), Duration::from_secs(1))
     };
+    let (base, measured) = pair.names();
     println!(
-        "\n==> what observing costs: plain and observed gateways side by side, {rounds} alternating rounds of {} s",
+        "\n==> {measured} against {base}: two gateways side by side, {rounds} alternating rounds of {} s",
         window.as_secs()
     );
     overhead::measure(
         own_binary,
-        gateway_binary,
+        pair,
         rounds,
         window,
         warmup,
@@ -627,12 +650,12 @@ enum Count {
     Never,
 }
 
-/// Instructions per call of a plain and an observed gateway; their callgrind profiles are
-/// kept under `target/bench/` for `callgrind_annotate`.
+/// Instructions per call of the two gateways of `pair`; their callgrind profiles are kept
+/// under `target/bench/` for `callgrind_annotate`.
 async fn measure_instructions(
     options: &Options,
     own_binary: &Path,
-    gateway_binary: &Path,
+    pair: Pair<'_>,
     target_dir: &Path,
 ) -> anyhow::Result<Option<instructions::Instructions>> {
     match options.instructions {
@@ -646,16 +669,17 @@ async fn measure_instructions(
         Count::WhenInstalled | Count::Always => {}
     }
     let calls = if options.quick { 500 } else { 2_000 };
+    let (base, measured) = pair.names();
     println!(
-        "\n==> instructions per call under callgrind, plain and observed ({calls} calls each)"
+        "\n==> instructions per call under callgrind, {base} and {measured} ({calls} calls each)"
     );
     let keep = target_dir.join("bench");
-    let counted = instructions::measure(own_binary, gateway_binary, calls, &keep).await?;
+    let counted = instructions::measure(own_binary, pair, calls, &keep).await?;
     println!("  {}", counted.summary());
     println!(
         "  profiles: {} and {}",
-        keep.join(instructions::PLAIN_PROFILE).display(),
-        keep.join(instructions::OBSERVED_PROFILE).display()
+        keep.join(instructions::profile(base)).display(),
+        keep.join(instructions::profile(measured)).display()
     );
     Ok(Some(counted))
 }

@@ -1,14 +1,15 @@
 //! What observing costs in instructions: the plain and the observed gateway (traces exported
 //! to the sink, metrics on) each run under valgrind's callgrind, which counts the instructions
-//! the gateway executes. A count does not move with the machine's load, unlike time: the same
+//! the gateway executes; with `--compare`, this tree's build and another's, both plain. A count does not move with the machine's load, unlike time: the same
 //! build, calls and settings give the same figure within a fraction of a percent, so a few
 //! percent of added work shows, where throughput on a shared machine moves by tens of percent.
 //! It counts user-space work only (system calls count as the instructions that make them).
 //!
 //! Each gateway starts under callgrind, is warmed up with calls of its own, then its counters
 //! are zeroed, a fixed number of calls is made, and the counters are dumped
-//! (`callgrind_control`). The dumps are kept (`callgrind-plain.out`, `callgrind-observed.out`)
-//! so that where the instructions go can be read with `callgrind_annotate`.
+//! (`callgrind_control`). The dumps are kept (`callgrind-plain.out` and `callgrind-observed.out`,
+//! or `callgrind-other-build.out` and `callgrind-this-build.out`) so that where the
+//! instructions go can be read with `callgrind_annotate`.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 
 use crate::bench::load::{self, Transport};
+use crate::bench::overhead::Pair;
 use crate::bench::process::{self, Gateway};
 
 /// Calls in flight while counting: few, so the gateway is never far behind under valgrind
@@ -28,15 +30,19 @@ const IN_FLIGHT: usize = 8;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Instructions {
     pub(crate) calls: u64,
-    pub(crate) plain: f64,
-    pub(crate) observed: f64,
+    /// The base gateway's (plain, or the other build's).
+    pub(crate) base: f64,
+    /// The measured gateway's (observed, or this build's).
+    pub(crate) measured: f64,
+    /// Their names.
+    pub(crate) names: (&'static str, &'static str),
 }
 
 impl Instructions {
-    /// Observed over plain, minus one: the added work.
+    /// Measured over base, minus one: the added work.
     pub(crate) fn added(&self) -> f64 {
-        if self.plain > 0.0 {
-            self.observed / self.plain - 1.0
+        if self.base > 0.0 {
+            self.measured / self.base - 1.0
         } else {
             0.0
         }
@@ -44,10 +50,12 @@ impl Instructions {
 
     pub(crate) fn summary(&self) -> String {
         format!(
-            "instructions per call (callgrind, {} calls each, {IN_FLIGHT} in flight): plain {:.0}, traces exported and metrics on {:.0} ({:+.1}%)",
+            "instructions per call (callgrind, {} calls each, {IN_FLIGHT} in flight): {} {:.0}, {} {:.0} ({:+.1}%)",
             self.calls,
-            self.plain,
-            self.observed,
+            self.names.0,
+            self.base,
+            self.names.1,
+            self.measured,
             self.added() * 100.0
         )
     }
@@ -68,15 +76,15 @@ fn installed(tool: &str) -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
-/// The kept profile of the plain gateway's counted calls.
-pub(crate) const PLAIN_PROFILE: &str = "callgrind-plain.out";
-/// The kept profile of the observed gateway's counted calls.
-pub(crate) const OBSERVED_PROFILE: &str = "callgrind-observed.out";
+/// The file a gateway's profile is kept in: `callgrind-plain.out`, `callgrind-this-build.out`.
+pub(crate) fn profile(name: &str) -> String {
+    format!("callgrind-{}.out", name.replace(' ', "-"))
+}
 
-/// Counts `calls` calls on each gateway; their profiles are copied into `keep`.
+/// Counts `calls` calls on each gateway of `pair`; their profiles are copied into `keep`.
 pub(crate) async fn measure(
     own_binary: &Path,
-    gateway_binary: &Path,
+    pair: Pair<'_>,
     calls: u64,
     keep: &Path,
 ) -> anyhow::Result<Instructions> {
@@ -94,20 +102,23 @@ pub(crate) async fn measure(
         ("OTEL_SERVICE_NAME", "toolgate-bench"),
     ];
     std::fs::create_dir_all(keep).with_context(|| format!("cannot create {}", keep.display()))?;
-    let plain = count(gateway_binary, false, &[], calls, &keep.join(PLAIN_PROFILE)).await?;
-    let observed = count(
-        gateway_binary,
-        true,
-        &env,
-        calls,
-        &keep.join(OBSERVED_PROFILE),
-    )
-    .await?;
+    let names = pair.names();
+    let (base, measured) = match pair {
+        Pair::Observing(gateway) => (
+            count(gateway, false, &[], calls, &keep.join(profile(names.0))).await?,
+            count(gateway, true, &env, calls, &keep.join(profile(names.1))).await?,
+        ),
+        Pair::Builds { this, other } => (
+            count(other, false, &[], calls, &keep.join(profile(names.0))).await?,
+            count(this, false, &[], calls, &keep.join(profile(names.1))).await?,
+        ),
+    };
     drop(sink);
     Ok(Instructions {
         calls,
-        plain,
-        observed,
+        base,
+        measured,
+        names,
     })
 }
 

@@ -1,9 +1,12 @@
-//! What observing the gateway costs: two gateways of the same build started side by side, one
-//! plain (no traces, no metrics), one with traces exported to the sink and metrics on, driven
-//! by the same closed loop in alternating windows (plain first in even rounds, observed first
-//! in odd ones). On a shared machine whose steal time and neighbours drift by tens of percent
-//! over a minute, separate phases minutes apart compare the drift; alternating windows put it
-//! on both alike, and the median of the per-round ratios discards a window a neighbour spoiled.
+//! Two gateways started side by side and driven by the same closed loop in alternating windows
+//! (the base first in even rounds, the measured one first in odd ones). On a shared machine
+//! whose steal time and neighbours drift by tens of percent over a minute, separate phases
+//! minutes apart compare the drift; alternating windows put it on both alike, and the median
+//! of the per-round ratios discards a window a neighbour spoiled.
+//!
+//! Two pairs are compared this way ([`Pair`]): what observing costs (one build, plain and with
+//! traces exported and metrics on), and a change (`--compare`: this tree's build against a
+//! build of another commit, both plain).
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,19 +14,47 @@ use std::time::Duration;
 use crate::bench::load::{self, ClosedLoop, Transport};
 use crate::bench::process::{self, Gateway};
 
+/// The two gateways compared side by side.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pair<'a> {
+    /// One build twice: plain (no traces, no metrics) as the base, and observed (traces
+    /// exported to the sink, metrics on).
+    Observing(&'a Path),
+    /// Two builds, both plain: `other` (a build of another commit) as the base, and `this`.
+    Builds { this: &'a Path, other: &'a Path },
+}
+
+impl Pair<'_> {
+    /// The names of the base and of the measured gateway.
+    pub(crate) fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Pair::Observing(_) => ("plain", "observed"),
+            Pair::Builds { .. } => ("other build", "this build"),
+        }
+    }
+
+    /// What is compared, measured against base.
+    fn what(self) -> &'static str {
+        match self {
+            Pair::Observing(_) => "traces exported and metrics on vs off",
+            Pair::Builds { .. } => "this build vs the other",
+        }
+    }
+}
+
 /// One round: a window on each gateway.
 #[derive(Debug)]
 pub(crate) struct Round {
-    pub(crate) plain: ClosedLoop,
-    pub(crate) observed: ClosedLoop,
+    pub(crate) base: ClosedLoop,
+    pub(crate) measured: ClosedLoop,
 }
 
 impl Round {
-    /// Observed throughput over plain throughput in this round.
+    /// The measured gateway's throughput over the base's in this round.
     pub(crate) fn ratio(&self) -> f64 {
-        let plain = self.plain.throughput();
-        if plain > 0.0 {
-            self.observed.throughput() / plain
+        let base = self.base.throughput();
+        if base > 0.0 {
+            self.measured.throughput() / base
         } else {
             0.0
         }
@@ -31,10 +62,14 @@ impl Round {
 }
 
 /// The rounds of one comparison.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Overhead {
     pub(crate) rounds: Vec<Round>,
     pub(crate) window: Duration,
+    /// The names of the base and of the measured gateway.
+    pub(crate) names: (&'static str, &'static str),
+    /// What is compared, for the summary line.
+    pub(crate) what: &'static str,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -62,30 +97,30 @@ fn cpu_per_call<'a>(loops: impl Iterator<Item = &'a ClosedLoop>) -> f64 {
 }
 
 impl Overhead {
-    /// The median of the rounds' throughput ratios (observed over plain): the figure the
-    /// 5% budget is held to.
+    /// The median of the rounds' throughput ratios (measured over base): for observing, the
+    /// figure the 5% budget is held to.
     pub(crate) fn ratio(&self) -> f64 {
         median(self.rounds.iter().map(Round::ratio).collect())
     }
 
-    /// Median throughput of the plain and of the observed gateway, calls/s.
+    /// Median throughput of the base and of the measured gateway, calls/s.
     pub(crate) fn throughputs(&self) -> (f64, f64) {
         (
-            median(self.rounds.iter().map(|r| r.plain.throughput()).collect()),
+            median(self.rounds.iter().map(|r| r.base.throughput()).collect()),
             median(
                 self.rounds
                     .iter()
-                    .map(|r| r.observed.throughput())
+                    .map(|r| r.measured.throughput())
                     .collect(),
             ),
         )
     }
 
-    /// Gateway CPU per call of the plain and of the observed gateway, µs, over all rounds.
+    /// Gateway CPU per call of the base and of the measured gateway, µs, over all rounds.
     pub(crate) fn cpu_per_call(&self) -> (f64, f64) {
         (
-            cpu_per_call(self.rounds.iter().map(|r| &r.plain)),
-            cpu_per_call(self.rounds.iter().map(|r| &r.observed)),
+            cpu_per_call(self.rounds.iter().map(|r| &r.base)),
+            cpu_per_call(self.rounds.iter().map(|r| &r.measured)),
         )
     }
 
@@ -93,32 +128,33 @@ impl Overhead {
     pub(crate) fn failed(&self) -> u64 {
         self.rounds
             .iter()
-            .map(|r| r.plain.failed + r.observed.failed)
+            .map(|r| r.base.failed + r.measured.failed)
             .sum()
     }
 
     /// One line for people.
     pub(crate) fn summary(&self) -> String {
-        let (plain, observed) = self.throughputs();
-        let (plain_cpu, observed_cpu) = self.cpu_per_call();
+        let (base, measured) = self.throughputs();
+        let (base_cpu, measured_cpu) = self.cpu_per_call();
         let ratios: Vec<String> = self
             .rounds
             .iter()
             .map(|r| format!("{:.3}", r.ratio()))
             .collect();
         format!(
-            "traces exported and metrics on vs off, {} alternating rounds of {:.0} s on two gateways side by side: throughput {:.0} vs {:.0} calls/s, median ratio {:.3} (rounds {}); gateway CPU per call {:.0} vs {:.0} µs ({:+.0} µs, {:+.1}%); {} failed",
+            "{}, {} alternating rounds of {:.0} s on two gateways side by side: throughput {:.0} vs {:.0} calls/s, median ratio {:.3} (rounds {}); gateway CPU per call {:.0} vs {:.0} µs ({:+.0} µs, {:+.1}%); {} failed",
+            self.what,
             self.rounds.len(),
             self.window.as_secs_f64(),
-            observed,
-            plain,
+            measured,
+            base,
             self.ratio(),
             ratios.join(", "),
-            observed_cpu,
-            plain_cpu,
-            observed_cpu - plain_cpu,
-            if plain_cpu > 0.0 {
-                (observed_cpu / plain_cpu - 1.0) * 100.0
+            measured_cpu,
+            base_cpu,
+            measured_cpu - base_cpu,
+            if base_cpu > 0.0 {
+                (measured_cpu / base_cpu - 1.0) * 100.0
             } else {
                 0.0
             },
@@ -126,19 +162,30 @@ impl Overhead {
         )
     }
 
+    /// The figures, keyed by the gateways' names (`throughput_plain`, ...; spaces become
+    /// underscores).
     pub(crate) fn json(&self) -> serde_json::Value {
-        let (plain, observed) = self.throughputs();
-        let (plain_cpu, observed_cpu) = self.cpu_per_call();
-        serde_json::json!({
+        let (base, measured) = self.throughputs();
+        let (base_cpu, measured_cpu) = self.cpu_per_call();
+        let (base_name, measured_name) = (
+            self.names.0.replace(' ', "_"),
+            self.names.1.replace(' ', "_"),
+        );
+        let mut figures = serde_json::json!({
             "window_s": self.window.as_secs_f64(),
             "ratio_median": self.ratio(),
             "round_ratios": self.rounds.iter().map(Round::ratio).collect::<Vec<_>>(),
-            "throughput_plain": plain,
-            "throughput_observed": observed,
-            "cpu_per_call_us_plain": plain_cpu,
-            "cpu_per_call_us_observed": observed_cpu,
             "failed": self.failed(),
-        })
+        });
+        for (key, value) in [
+            (format!("throughput_{base_name}"), base),
+            (format!("throughput_{measured_name}"), measured),
+            (format!("cpu_per_call_us_{base_name}"), base_cpu),
+            (format!("cpu_per_call_us_{measured_name}"), measured_cpu),
+        ] {
+            figures[key] = serde_json::json!(value);
+        }
+        figures
     }
 }
 
@@ -146,33 +193,46 @@ impl Overhead {
 /// in flight over `connections` connections per gateway.
 pub(crate) async fn measure(
     own_binary: &Path,
-    gateway_binary: &Path,
+    pair: Pair<'_>,
     rounds: usize,
     window: Duration,
     warmup: Duration,
     concurrency: usize,
     connections: usize,
 ) -> anyhow::Result<Overhead> {
-    let sink = process::spawn_sink(own_binary)?;
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
-        ("OTEL_SERVICE_NAME", "toolgate-bench"),
-    ];
-    let plain = Gateway::start(gateway_binary, None, false, &[])?;
-    let observed = Gateway::start(gateway_binary, None, true, &env)?;
-    let plain_target = plain.prepare().await?;
-    let observed_target = observed.prepare().await?;
-    let plain_transport = Transport::Grpc(
-        plain_target.clone(),
-        load::connect(&plain_target.url, connections).await?,
+    let (sink, base, measured) = match pair {
+        Pair::Observing(gateway_binary) => {
+            let sink = process::spawn_sink(own_binary)?;
+            let env = [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+                ("OTEL_SERVICE_NAME", "toolgate-bench"),
+            ];
+            let base = Gateway::start(gateway_binary, None, false, &[])?;
+            let measured = Gateway::start(gateway_binary, None, true, &env)?;
+            (Some(sink), base, measured)
+        }
+        Pair::Builds { this, other } => {
+            let base = Gateway::start(other, None, false, &[])?;
+            let measured = Gateway::start(this, None, false, &[])?;
+            (None, base, measured)
+        }
+    };
+    let base_target = base.prepare().await?;
+    let measured_target = measured.prepare().await?;
+    let base_transport = Transport::Grpc(
+        base_target.clone(),
+        load::connect(&base_target.url, connections).await?,
     );
-    let observed_transport = Transport::Grpc(
-        observed_target.clone(),
-        load::connect(&observed_target.url, connections).await?,
+    let measured_transport = Transport::Grpc(
+        measured_target.clone(),
+        load::connect(&measured_target.url, connections).await?,
     );
+    let names = pair.names();
     let mut overhead = Overhead {
         rounds: Vec::with_capacity(rounds),
         window,
+        names,
+        what: pair.what(),
     };
     for round in 0..rounds {
         let phase = format!("overhead-{round}-");
@@ -181,28 +241,30 @@ pub(crate) async fn measure(
             let phase = phase.clone();
             async move { load::closed_loop(&transport, &phase, concurrency, warmup, window, pid).await }
         };
-        let (plain_loop, observed_loop) = if round % 2 == 0 {
-            let p = run(&plain_transport, plain.pid()).await?;
-            (p, run(&observed_transport, observed.pid()).await?)
+        let (base_loop, measured_loop) = if round % 2 == 0 {
+            let b = run(&base_transport, base.pid()).await?;
+            (b, run(&measured_transport, measured.pid()).await?)
         } else {
-            let o = run(&observed_transport, observed.pid()).await?;
-            (run(&plain_transport, plain.pid()).await?, o)
+            let m = run(&measured_transport, measured.pid()).await?;
+            (run(&base_transport, base.pid()).await?, m)
         };
         let round = Round {
-            plain: plain_loop,
-            observed: observed_loop,
+            base: base_loop,
+            measured: measured_loop,
         };
         println!(
-            "  round {}: plain {:.0} calls/s, observed {:.0} calls/s, ratio {:.3}",
+            "  round {}: {} {:.0} calls/s, {} {:.0} calls/s, ratio {:.3}",
             overhead.rounds.len() + 1,
-            round.plain.throughput(),
-            round.observed.throughput(),
+            names.0,
+            round.base.throughput(),
+            names.1,
+            round.measured.throughput(),
             round.ratio()
         );
         overhead.rounds.push(round);
     }
-    drop(observed);
-    drop(plain);
+    drop(measured);
+    drop(base);
     drop(sink);
     Ok(overhead)
 }
@@ -210,6 +272,44 @@ pub(crate) async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_figures_are_keyed_by_the_gateways_names() {
+        let binary = Path::new("toolgate");
+        for (pair, keys) in [
+            (
+                Pair::Observing(binary),
+                ["throughput_plain", "cpu_per_call_us_observed"],
+            ),
+            (
+                Pair::Builds {
+                    this: binary,
+                    other: binary,
+                },
+                ["throughput_other_build", "cpu_per_call_us_this_build"],
+            ),
+        ] {
+            let overhead = Overhead {
+                rounds: Vec::new(),
+                window: Duration::from_secs(1),
+                names: pair.names(),
+                what: pair.what(),
+            };
+            let json = overhead.json();
+            for key in keys {
+                assert!(json.get(key).is_some(), "{key} missing from {json}");
+            }
+            assert!(overhead.summary().starts_with(pair.what()));
+        }
+        assert_eq!(
+            crate::bench::instructions::profile("this build"),
+            "callgrind-this-build.out"
+        );
+        assert_eq!(
+            crate::bench::instructions::profile("plain"),
+            "callgrind-plain.out"
+        );
+    }
 
     #[test]
     fn the_median_of_an_odd_and_an_even_count() {

@@ -724,8 +724,8 @@ impl Report {
             "observability_cost": self.overhead.json(),
             "observability_instructions": self.instructions.map(|counted| json!({
                 "calls": counted.calls,
-                "plain_per_call": counted.plain,
-                "observed_per_call": counted.observed,
+                "plain_per_call": counted.base,
+                "observed_per_call": counted.measured,
                 "added": counted.added(),
             })),
             "gateway_postgres": self.postgres.as_ref().map(target_json),
