@@ -17,7 +17,7 @@ import time
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -65,12 +65,16 @@ def screenshot(driver, name):
 
 def wait(driver, seconds=10):
     # An element read while a form's answer replaces the page (or the queue's refresh replaces
-    # its rows) is stale: look again at the next poll.
+    # its rows) is stale: look again at the next poll. ChromeDriver does not always say so with
+    # StaleElementReferenceException: a node replaced between finding it and reading its text
+    # can come back as a bare WebDriverException ("unknown error: unhandled inspector error:
+    # Node with given id does not belong to the document"), which is just as transient. A
+    # condition that never holds still ends in a TimeoutException carrying the last error.
     return WebDriverWait(
         driver,
         seconds,
         poll_frequency=0.1,
-        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException, WebDriverException),
     )
 
 
