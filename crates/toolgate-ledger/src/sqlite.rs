@@ -190,7 +190,7 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT);
         // The migrations run on a sqlx connection, which creates the file in WAL mode; the
         // writer's own connection (`direct`) is opened once they are done, with the settings
-        // it writes under: `synchronous = FULL`; a 16 MiB page cache for the hot index pages
+        // it writes under: `synchronous = FULL`; a 4 MiB page cache for the hot index pages
         // and a checkpoint every 8000 WAL pages instead of 1000 (measured +20-30% calls/s in
         // `cargo xtask bench`); savepoint journals in memory (no temporary file per batch);
         // `secure_delete`, so deleted and overwritten content (a pending call's sealed
@@ -198,8 +198,9 @@ impl SqliteStore {
         // The cache's size has a cost too: a commit after a B-tree split that swapped pages
         // scans the whole page cache (SQLite parks a page at the pending-byte page number while
         // swapping and truncates the cache back at commit). That scan was 5% of the writer's
-        // CPU with 16 MiB and 2% with 4 MiB, but the writer's CPU per call measured the same
-        // (145 vs 147 µs, perf), so the larger cache stays.
+        // CPU with 16 MiB and 2% with 4 MiB. Side by side (`cargo xtask bench --compare`),
+        // 4 MiB and 16 MiB gave the same calls/s and CPU per call, and 4 MiB takes about
+        // 12 MiB less peak RSS.
         let write_options = shared
             .clone()
             .create_if_missing(true)

@@ -77,7 +77,7 @@ impl LiteConn {
             "PRAGMA journal_mode = WAL; \
              PRAGMA synchronous = FULL; \
              PRAGMA foreign_keys = ON; \
-             PRAGMA cache_size = -16384; \
+             PRAGMA cache_size = -4096; \
              PRAGMA temp_store = MEMORY; \
              PRAGMA wal_autocheckpoint = 8000; \
              PRAGMA secure_delete = ON;",
