@@ -295,6 +295,9 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             gateway_binary.display()
         );
     }
+    if let Some(other) = options.compare.as_ref().filter(|other| !other.is_file()) {
+        bail!("--compare {}: no such file", other.display());
+    }
     let own_binary = std::env::current_exe().context("cannot find the running xtask binary")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(options.client_threads)
@@ -320,9 +323,6 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     };
     let observing = || side_by_side(Pair::Observing(&gateway_binary));
     if let Some(other) = &options.compare {
-        if !other.is_file() {
-            bail!("--compare {}: no such file", other.display());
-        }
         let (overhead, instructions) = side_by_side(Pair::Builds {
             this: &gateway_binary,
             other,

@@ -10,9 +10,10 @@ use clap::{Parser, Subcommand};
 
 /// jemalloc rather than glibc's malloc: a call allocates about 300 times, across the runtime's
 /// workers and the ledger's writer thread (which frees much of what the workers allocate).
-/// Measured with `cargo xtask bench` (two gateways side by side, alternating rounds, both
-/// orders): 9-14% less CPU per call and 5-11% more calls/s, 5.7% fewer instructions per call
-/// under callgrind, for about 4 MiB more peak RSS. SQLite keeps the C library's allocator.
+/// Measured with `cargo xtask bench --compare` (two gateways side by side in alternating
+/// rounds; three runs, one with the builds' places swapped): 9-15% less CPU per call and 6-18%
+/// more calls/s, 5.3-5.7% fewer instructions per call under callgrind, for about 4 MiB more
+/// peak RSS. SQLite keeps the C library's allocator.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -93,27 +93,28 @@ pub(crate) async fn measure(
             bail!("counting instructions needs `{tool}` (Debian's package valgrind)");
         }
     }
-    let sink = process::spawn_sink(own_binary)?;
-    // The exporter's default schedule (batches of 512, or what waited 5 s), as a gateway
-    // runs it: the counting waits out one schedule before zeroing and before dumping, so the
-    // warm-up's spans are not counted and the counted calls' are.
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
-        ("OTEL_SERVICE_NAME", "toolgate-bench"),
-    ];
     std::fs::create_dir_all(keep).with_context(|| format!("cannot create {}", keep.display()))?;
     let names = pair.names();
     let (base, measured) = match pair {
-        Pair::Observing(gateway) => (
-            count(gateway, false, &[], calls, &keep.join(profile(names.0))).await?,
-            count(gateway, true, &env, calls, &keep.join(profile(names.1))).await?,
-        ),
+        Pair::Observing(gateway) => {
+            let sink = process::spawn_sink(own_binary)?;
+            // The exporter's default schedule (batches of 512, or what waited 5 s), as a
+            // gateway runs it: the counting waits out one schedule before zeroing and before
+            // dumping, so the warm-up's spans are not counted and the counted calls' are.
+            let env = [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+                ("OTEL_SERVICE_NAME", "toolgate-bench"),
+            ];
+            (
+                count(gateway, false, &[], calls, &keep.join(profile(names.0))).await?,
+                count(gateway, true, &env, calls, &keep.join(profile(names.1))).await?,
+            )
+        }
         Pair::Builds { this, other } => (
             count(other, false, &[], calls, &keep.join(profile(names.0))).await?,
             count(this, false, &[], calls, &keep.join(profile(names.1))).await?,
         ),
     };
-    drop(sink);
     Ok(Instructions {
         calls,
         base,
