@@ -322,19 +322,14 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         Ok::<_, anyhow::Error>((overhead, instructions))
     };
     let observing = || side_by_side(Pair::Observing(&gateway_binary));
-    if let Some(other) = &options.compare {
-        let (overhead, instructions) = side_by_side(Pair::Builds {
-            this: &gateway_binary,
-            other,
-        })?;
-        println!("\n{}", overhead.summary());
-        if let Some(instructions) = instructions {
-            println!("{}", instructions.summary());
-        }
-        return Ok(());
-    }
-    if options.overhead_only {
-        let (overhead, instructions) = observing()?;
+    if options.overhead_only || options.compare.is_some() {
+        let (overhead, instructions) = match &options.compare {
+            Some(other) => side_by_side(Pair::Builds {
+                this: &gateway_binary,
+                other,
+            })?,
+            None => observing()?,
+        };
         println!("\n{}", overhead.summary());
         if let Some(instructions) = instructions {
             println!("{}", instructions.summary());

@@ -1,8 +1,9 @@
 //! What observing costs in instructions: the plain and the observed gateway (traces exported
 //! to the sink, metrics on) each run under valgrind's callgrind, which counts the instructions
-//! the gateway executes; with `--compare`, this tree's build and another's, both plain. A count does not move with the machine's load, unlike time: the same
-//! build, calls and settings give the same figure within a fraction of a percent, so a few
-//! percent of added work shows, where throughput on a shared machine moves by tens of percent.
+//! the gateway executes; with `--compare`, this tree's build and another's, both plain. A
+//! count does not move with the machine's load, unlike time: the same build, calls and
+//! settings give the same figure within a fraction of a percent, so a few percent of added
+//! work shows, where throughput on a shared machine moves by tens of percent.
 //! It counts user-space work only (system calls count as the instructions that make them).
 //!
 //! Each gateway starts under callgrind, is warmed up with calls of its own, then its counters
