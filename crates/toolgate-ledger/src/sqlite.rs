@@ -16,6 +16,7 @@
 //! writes, for readers beside the owner (`ledger verify`). Several gateway replicas need the
 //! PostgreSQL backend.
 
+mod backfill;
 mod direct;
 mod files;
 mod owner;
@@ -190,9 +191,8 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT);
         // The migrations run on a sqlx connection, which creates the file in WAL mode; the
         // writer's own connection (`direct`) is opened once they are done, with the settings
-        // it writes under: `synchronous = FULL`; a 4 MiB page cache for the hot index pages
-        // and a checkpoint every 8000 WAL pages instead of 1000 (measured +20-30% calls/s in
-        // `cargo xtask bench`); savepoint journals in memory (no temporary file per batch);
+        // it writes under: `synchronous = FULL`; a 4 MiB page cache for the hot index pages;
+        // checkpoints done beside the writer, not in its commits (see `backfill`); savepoint journals in memory (no temporary file per batch);
         // `secure_delete`, so deleted and overwritten content (a pending call's sealed
         // arguments after its decision) is zeroed in the file, not left in free space.
         // The cache's size has a cost too: a commit after a B-tree split that swapped pages
@@ -245,7 +245,16 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         // The lock lives as long as the writer: a store dropped without `close` keeps the file
         // until its queued writes are committed.
-        Writer::new(direct, rx, Arc::clone(&counters), lock, keys.clone()).spawn(gate)?;
+        let backfill = backfill::Backfill::start(path);
+        Writer::new(
+            direct,
+            rx,
+            Arc::clone(&counters),
+            lock,
+            keys.clone(),
+            backfill,
+        )
+        .spawn(gate)?;
         Ok(SqliteStore {
             writer: Some(tx),
             read,

@@ -79,11 +79,12 @@ impl LiteConn {
              PRAGMA foreign_keys = ON; \
              PRAGMA cache_size = -4096; \
              PRAGMA temp_store = MEMORY; \
-             PRAGMA wal_autocheckpoint = 8000; \
              PRAGMA secure_delete = ON;",
         )
         .map_err(failed)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // Commits no longer checkpoint by themselves: the writer has that done beside it.
+        super::backfill::watch_log(&conn);
         Ok(LiteConn {
             conn,
             positions: HashMap::new(),
@@ -110,6 +111,15 @@ impl LiteConn {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?))
             })
+            .map_err(to_sqlx)
+    }
+
+    /// Copies into the database what the write-ahead log holds beyond what is copied already,
+    /// without waiting for any reader; once all of it is, the next transaction starts the log
+    /// over.
+    pub(super) fn backfill(&self) -> Result<(), sqlx::Error> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
             .map_err(to_sqlx)
     }
 

@@ -33,6 +33,7 @@ use crate::error::LedgerError;
 use crate::ops::{Command, Counters, OpKind, Reply, WriteOp};
 use crate::rows::{Fail, database_error};
 use crate::sql::query;
+use crate::sqlite::backfill::{self, Backfill, Next};
 use crate::sqlite::direct::LiteConn;
 use crate::sqlite::owner::OwnerLock;
 use crate::steps::{Head, Steps};
@@ -58,6 +59,8 @@ pub(super) struct Writer {
     owner: Option<OwnerLock>,
     /// The keys events are MAC'd with; `None` writes legacy (unkeyed) hashes.
     keys: Option<Arc<dyn AuditKeys>>,
+    /// The thread copying the log into the database; `None` if it could not start.
+    backfill: Option<Backfill>,
 }
 
 impl Writer {
@@ -67,6 +70,7 @@ impl Writer {
         counters: Arc<Counters>,
         owner: OwnerLock,
         keys: Option<Arc<dyn AuditKeys>>,
+        backfill: Option<Backfill>,
     ) -> Writer {
         Writer {
             conn,
@@ -76,6 +80,7 @@ impl Writer {
             counters,
             owner: Some(owner),
             keys,
+            backfill,
         }
     }
 
@@ -124,6 +129,10 @@ impl Writer {
                 self.commit_batch(ops).await;
             }
         }
+        // No pass may be running while the last checkpoint runs.
+        if let Some(backfill) = &mut self.backfill {
+            backfill.stop();
+        }
         // What the log holds is copied into the database and the log emptied, so no page an
         // update or delete overwrote stays readable in it after the gateway stops.
         match self.conn.checkpoint() {
@@ -162,6 +171,19 @@ impl Writer {
         for (reply, result) in replies.into_iter().zip(results) {
             // A caller that stopped waiting (a cancelled request) still had its write done.
             let _ = reply.send(result);
+        }
+        if committed {
+            self.after_commit();
+        }
+    }
+
+    /// Has the log copied into the database when it is due (see `backfill`), once the batch's
+    /// callers have their answers.
+    fn after_commit(&mut self) {
+        if backfill::next(self.backfill.as_mut(), backfill::log_frames()) == Next::CatchUp
+            && let Err(error) = self.conn.backfill()
+        {
+            warn!(%error, "copying the write-ahead log into the ledger failed");
         }
     }
 
