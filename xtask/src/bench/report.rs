@@ -182,7 +182,8 @@ impl Report {
         self.floor.call_p50
     }
 
-    /// The same at the 99th percentile: the disk's stalls, which calls due meanwhile wait out.
+    /// The same at the 99th percentile: the disk's stalls, which calls due meanwhile wait out
+    /// (printed, not a bound: see the added-p99 check).
     fn light_load_tail_floor(&self) -> Duration {
         self.floor.call_p99
     }
@@ -225,7 +226,10 @@ impl Report {
                 unit: "ms",
                 limit: 1.0,
                 at_least: false,
-                floor: Some(millis(self.light_load_tail_floor())),
+                // The floor's p99 is printed, not judged by: it is the disk's stalls, which
+                // come and go by the minute (1.4, 2.1 and 11.5 ms in three runs, once above
+                // the gateway's own added p99 in the same run), so it bounds nothing.
+                floor: None,
             },
             Check {
                 name: "gateway CPU per call at the fixed rate",
