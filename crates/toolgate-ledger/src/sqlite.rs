@@ -192,9 +192,10 @@ impl SqliteStore {
         // The migrations run on a sqlx connection, which creates the file in WAL mode; the
         // writer's own connection (`direct`) is opened once they are done, with the settings
         // it writes under: `synchronous = FULL`; a 4 MiB page cache for the hot index pages;
-        // checkpoints done beside the writer, not in its commits (see `backfill`); savepoint journals in memory (no temporary file per batch);
-        // `secure_delete`, so deleted and overwritten content (a pending call's sealed
-        // arguments after its decision) is zeroed in the file, not left in free space.
+        // checkpoints done beside the writer, not in its commits (see `backfill`); savepoint
+        // journals in memory (no temporary file per batch); `secure_delete`, so deleted and
+        // overwritten content (a pending call's sealed arguments after its decision) is zeroed
+        // in the file, not left in free space.
         // The cache's size has a cost too: a commit after a B-tree split that swapped pages
         // scans the whole page cache (SQLite parks a page at the pending-byte page number while
         // swapping and truncates the cache back at commit). That scan was 5% of the writer's
