@@ -71,6 +71,9 @@
 //! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
 //! - `--light-only`: only the light load: the disk's floor, then the echo server and the
 //!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call.
+//! - `--rates-only`: only the SQLite gateway's open loop at each offered rate (the sweep from
+//!   light load to overload), printed and drawn as the chart.
+//! - `--rates N,N,...`: the offered rates of the sweep (default 500 to 20,000 calls/s).
 //! - `--no-instructions`: skip counting the instructions per call of a plain and an observed
 //!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
 //!   valgrind is installed): what observing adds, independent of the machine's load (2,000
@@ -170,6 +173,9 @@ struct Options {
     compare: Option<PathBuf>,
     postgres_only: bool,
     light_only: bool,
+    rates_only: bool,
+    /// The offered rates of the rate sweep (default [`RATES`]).
+    rates: Vec<u32>,
     instructions: Count,
     metrics: bool,
 }
@@ -202,6 +208,8 @@ impl Options {
             compare: None,
             postgres_only: false,
             light_only: false,
+            rates_only: false,
+            rates: RATES.to_vec(),
             instructions: Count::WhenInstalled,
             metrics: false,
         };
@@ -237,6 +245,10 @@ impl Options {
                 "--compare" => options.compare = Some(PathBuf::from(value("a gateway binary")?)),
                 "--postgres-only" => options.postgres_only = true,
                 "--light-only" => options.light_only = true,
+                "--rates-only" => options.rates_only = true,
+                "--rates" => {
+                    options.rates = rate_list(name, &value("calls per second, comma-separated")?)?
+                }
                 "--instructions" => options.instructions = Count::Always,
                 "--no-instructions" => options.instructions = Count::Never,
                 "--metrics" => options.metrics = true,
@@ -259,7 +271,14 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--instructions | --no-instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics]";
+
+/// `--rates`: offered rates, comma-separated, each above 0.
+fn rate_list(name: &str, text: &str) -> anyhow::Result<Vec<u32>> {
+    text.split(',')
+        .map(|rate| positive(name, rate.trim()))
+        .collect()
+}
 
 fn positive<T>(name: &str, text: &str) -> anyhow::Result<T>
 where
@@ -356,6 +375,10 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     if options.light_only {
         return runtime.block_on(measure_light_only(options, &own_binary, &gateway_binary));
+    }
+
+    if options.rates_only {
+        return runtime.block_on(measure_rates_only(options, &gateway_binary, target_dir));
     }
 
     println!("\n==> redaction of a typical call (in-process)");
@@ -545,6 +568,24 @@ async fn measure_light_only(
         floor.call_p99.as_secs_f64() * 1e3,
     );
     Ok(())
+}
+
+/// `--rates-only`: the SQLite gateway's open loop at each offered rate, and the chart.
+async fn measure_rates_only(
+    options: &Options,
+    gateway_binary: &Path,
+    target_dir: &Path,
+) -> anyhow::Result<()> {
+    let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
+    let target = gateway.prepare().await?;
+    sweep_rates(options, &target, gateway.pid())
+        .await
+        .and_then(|rates| {
+            let chart = target_dir.join("bench").join("rates.png");
+            report::draw_rates(&rates, &chart)?;
+            println!("chart: {}", chart.display());
+            Ok(())
+        })
 }
 
 /// One open loop at the fixed rate for `--light-only`, printed with its CPU, switches and
@@ -799,7 +840,7 @@ async fn measure_transport(
     Ok((closed, open, ledger))
 }
 
-/// The gateway's open loop at each offered rate of [`RATES`]: what it delivers, how fast,
+/// The gateway's open loop at each offered rate of `--rates` ([`RATES`]): what it delivers, how fast,
 /// and how many calls it refuses once past its capacity (load shedding, not failures of the
 /// benchmark).
 async fn sweep_rates(
@@ -815,7 +856,7 @@ async fn sweep_rates(
         (Duration::from_secs(1), Duration::from_secs(3))
     };
     let mut results = Vec::new();
-    for &rate in RATES {
+    for &rate in &options.rates {
         let open = load::open_loop(
             &transport,
             &format!("rate{rate}"),
@@ -919,5 +960,32 @@ fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => root.join(dir),
         None => root.join("target"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Options> {
+        Options::parse(&args.iter().map(|arg| (*arg).to_owned()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn the_rate_sweep_takes_the_rates_it_is_given() {
+        assert_eq!(parse(&[]).unwrap().rates, RATES);
+        let options = parse(&["--rates-only", "--rates", "2000, 20000"]).unwrap();
+        assert!(options.rates_only);
+        assert_eq!(options.rates, [2_000, 20_000]);
+        assert_eq!(parse(&["--rates=750"]).unwrap().rates, [750]);
+        for bad in ["", "0", "1000,", "1000,x", "-5"] {
+            let error = parse(&["--rates", bad]).unwrap_err().to_string();
+            assert!(
+                error.contains("--rates must be a whole number above 0"),
+                "{bad:?}: {error}"
+            );
+        }
+        let error = parse(&["--rates"]).unwrap_err().to_string();
+        assert!(error.contains("--rates needs calls per second"), "{error}");
     }
 }

@@ -690,24 +690,7 @@ impl Report {
 
     /// Draws the rate sweep (delivered throughput, p50 and p99 against offered load) as a PNG.
     pub(crate) fn draw_rates(&self, path: &Path) -> anyhow::Result<()> {
-        let points: Vec<SweepPoint> = self
-            .rates
-            .iter()
-            .map(|open| SweepPoint {
-                offered: f64::from(open.rate),
-                delivered: open.delivered(),
-                p50_ms: open.latency.p50.as_secs_f64() * 1e3,
-                p99_ms: open.latency.p99.as_secs_f64() * 1e3,
-            })
-            .collect();
-        if points.is_empty() {
-            bail!("no rate sweep was measured");
-        }
-        chart::draw(
-            path,
-            "toolgate gateway (SQLite ledger): throughput and latency against offered load",
-            &points,
-        )
+        draw_rates(&self.rates, path)
     }
 
     /// Writes the figures as JSON.
@@ -1012,6 +995,27 @@ fn millis(duration: Duration) -> f64 {
 
 fn kib_to_mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+/// Draws a rate sweep (delivered throughput, p50 and p99 against offered load) as a PNG.
+pub(crate) fn draw_rates(rates: &[OpenLoop], path: &Path) -> anyhow::Result<()> {
+    let points: Vec<SweepPoint> = rates
+        .iter()
+        .map(|open| SweepPoint {
+            offered: f64::from(open.rate),
+            delivered: open.delivered(),
+            p50_ms: open.latency.p50.as_secs_f64() * 1e3,
+            p99_ms: open.latency.p99.as_secs_f64() * 1e3,
+        })
+        .collect();
+    if points.is_empty() {
+        bail!("no rate sweep was measured");
+    }
+    chart::draw(
+        path,
+        "toolgate gateway (SQLite ledger): throughput and latency against offered load",
+        &points,
+    )
 }
 
 #[cfg(test)]
