@@ -856,10 +856,12 @@ async fn sweep_rates(
         (Duration::from_secs(1), Duration::from_secs(3))
     };
     let mut results = Vec::new();
-    for &rate in &options.rates {
+    // The phase's index keeps tool_use_ids distinct when a rate is given twice: a repeated
+    // id would be a replay, not a call.
+    for (index, &rate) in options.rates.iter().enumerate() {
         let open = load::open_loop(
             &transport,
-            &format!("rate{rate}"),
+            &format!("rate{index}x{rate}"),
             rate,
             warmup,
             duration,
