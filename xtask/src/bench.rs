@@ -578,14 +578,14 @@ async fn measure_rates_only(
 ) -> anyhow::Result<()> {
     let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
     let target = gateway.prepare().await?;
-    sweep_rates(options, &target, gateway.pid())
-        .await
-        .and_then(|rates| {
-            let chart = target_dir.join("bench").join("rates.png");
-            report::draw_rates(&rates, &chart)?;
-            println!("chart: {}", chart.display());
-            Ok(())
-        })
+    let rates = sweep_rates(options, &target, gateway.pid()).await?;
+    let chart = target_dir.join("bench").join("rates.png");
+    match report::draw_rates(&rates, &chart) {
+        Ok(()) => println!("wrote {}", chart.display()),
+        // The figures are printed above; only the picture is missing.
+        Err(error) => println!("no chart: {error:#}"),
+    }
+    Ok(())
 }
 
 /// One open loop at the fixed rate for `--light-only`, printed with its CPU, switches and
@@ -840,9 +840,9 @@ async fn measure_transport(
     Ok((closed, open, ledger))
 }
 
-/// The gateway's open loop at each offered rate of `--rates` ([`RATES`]): what it delivers, how fast,
-/// and how many calls it refuses once past its capacity (load shedding, not failures of the
-/// benchmark).
+/// The gateway's open loop at each offered rate of `--rates` ([`RATES`]): what it delivers,
+/// how fast, and how many calls it refuses once past its capacity (load shedding, not failures
+/// of the benchmark).
 async fn sweep_rates(
     options: &Options,
     target: &Target,
