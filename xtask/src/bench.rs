@@ -510,12 +510,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let path = target_dir.join("bench").join("results.json");
     report.write_json(&path)?;
     println!("\nwrote {}", path.display());
-    let chart = target_dir.join("bench").join("rates.png");
-    match report.draw_rates(&chart) {
-        Ok(()) => println!("wrote {}", chart.display()),
-        // The figures are in the table and the JSON; only the picture is missing.
-        Err(error) => println!("no chart: {error:#}"),
-    }
+    write_rates_chart(&report.rates, target_dir);
     report.check_calls()
 }
 
@@ -579,13 +574,18 @@ async fn measure_rates_only(
     let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
     let target = gateway.prepare().await?;
     let rates = sweep_rates(options, &target, gateway.pid()).await?;
+    write_rates_chart(&rates, target_dir);
+    Ok(())
+}
+
+/// Draws the rate sweep to `target/bench/rates.png`. Without it (no font, say) only the
+/// picture is missing: the figures are printed (and in the JSON of a full run).
+fn write_rates_chart(rates: &[OpenLoop], target_dir: &Path) {
     let chart = target_dir.join("bench").join("rates.png");
-    match report::draw_rates(&rates, &chart) {
+    match report::draw_rates(rates, &chart) {
         Ok(()) => println!("wrote {}", chart.display()),
-        // The figures are printed above; only the picture is missing.
         Err(error) => println!("no chart: {error:#}"),
     }
-    Ok(())
 }
 
 /// One open loop at the fixed rate for `--light-only`, printed with its CPU, switches and

@@ -688,11 +688,6 @@ impl Report {
         print!("{out}");
     }
 
-    /// Draws the rate sweep (delivered throughput, p50 and p99 against offered load) as a PNG.
-    pub(crate) fn draw_rates(&self, path: &Path) -> anyhow::Result<()> {
-        draw_rates(&self.rates, path)
-    }
-
     /// Writes the figures as JSON.
     pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let o = &self.options;
