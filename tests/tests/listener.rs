@@ -498,6 +498,9 @@ fn config_check_and_show_go_through_the_same_validation_as_serve() {
     assert_eq!(json["server"]["listen"], "0.0.0.0:50051");
     assert_eq!(json["server"]["max_concurrent_calls"], 7);
     assert_eq!(json["server"]["max_queued_calls"], 3);
+    // On PostgreSQL the runtime has a worker on every core (no writer thread of its own).
+    let cores = cores();
+    assert_eq!(json["server"]["worker_threads"], cores);
     assert_eq!(json["server"]["drain_timeout_ms"], 30000);
     assert_eq!(
         json["storage"]["database"],
@@ -510,4 +513,56 @@ fn config_check_and_show_go_through_the_same_validation_as_serve() {
         shown_toml.contains("[server]") && shown_toml.contains("max_concurrent_calls = 7"),
         "{shown_toml}"
     );
+}
+
+/// The cores this machine gives a process (what the gateway sizes its runtime from).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// The runtime's size, as an operator meets it: on the embedded ledger every core but one by
+/// default (the ledger's writer is a thread of its own), `TOOLGATE_WORKER_THREADS` when set.
+/// The start-up line says which, and the gateway serves calls either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_leaves_the_sqlite_writer_a_core_unless_configured() {
+    let cores = cores();
+    for (configured, expected) in [(None, cores.saturating_sub(1).max(1)), (Some("3"), 3)] {
+        let mut options = Gateway::options()
+            .envs(&[("TOOLGATE_LOG_FORMAT", "json"), ("TOOLGATE_LOG", "info")])
+            .stderr_to_file();
+        if let Some(threads) = configured {
+            options = options.env("TOOLGATE_WORKER_THREADS", threads);
+        }
+        let gateway = options.start();
+        let token = gateway.tenant("acme", "support", &["testkit.echo"]).await;
+        let run = gateway.open_run(&token, "support", 0).await;
+        let answered = gateway
+            .agent()
+            .await
+            .execute_tool(authed(
+                execute(&run, "testkit.echo", r#"{"message": "hi"}"#),
+                &token,
+            ))
+            .await
+            .expect("the call is served")
+            .into_inner();
+        assert_eq!(
+            answered.status,
+            pb::ToolCallStatus::Succeeded as i32,
+            "{configured:?}: {} {}",
+            answered.error_code,
+            answered.error_message
+        );
+        let stderr = gateway.stderr();
+        let listening = stderr
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| line["message"] == "toolgate listening")
+            .unwrap_or_else(|| panic!("no start-up line: {stderr}"));
+        assert_eq!(
+            listening["fields"]["worker_threads"],
+            serde_json::json!(expected),
+            "{configured:?} on {cores} cores: {listening}"
+        );
+    }
 }

@@ -282,7 +282,9 @@ async fn run(
         Some(_) => "tls",
         None => "plaintext",
     };
-    info!(address = %local, database = %config.database, tls, max_concurrent_calls = config.limits.max_concurrent, max_queued_calls = config.limits.max_queued, startup_ms = started.elapsed().as_millis(), "toolgate listening");
+    // The runtime this gateway runs on (sized by the binary from `server.worker_threads`).
+    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    info!(address = %local, database = %config.database, tls, worker_threads, max_concurrent_calls = config.limits.max_concurrent, max_queued_calls = config.limits.max_queued, startup_ms = started.elapsed().as_millis(), "toolgate listening");
     announce(&format!("toolgate listening on {local}"));
     if config.mcp.enabled {
         let scheme = if config.tls.is_some() {

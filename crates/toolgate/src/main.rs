@@ -122,10 +122,32 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // `serve` reads its configuration before the runtime exists: the runtime's size is part
+    // of it (`server.worker_threads`).
+    let serve_config = match &cli.command {
+        Command::Serve {
+            config,
+            listen,
+            database,
+        } => match load_config(
+            &env,
+            config.as_deref(),
+            listen.as_deref(),
+            database.as_deref(),
+        ) {
+            Ok(loaded) => Some(loaded),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(config) = &serve_config {
+        builder.worker_threads(config.worker_threads(toolgate_server::config::available_cores()));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");
@@ -146,7 +168,7 @@ fn main() -> ExitCode {
     };
     install_panic_hook();
     let result = runtime.block_on(async {
-        let result = run(cli, env).await;
+        let result = run(cli, env, serve_config).await;
         // Exports the spans still queued before the process ends.
         telemetry.shutdown().await;
         result
@@ -170,19 +192,16 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli, env: BTreeMap<String, String>) -> anyhow::Result<ExitCode> {
+/// Runs the command; `serve_config` is `serve`'s configuration, loaded before the runtime.
+async fn run(
+    cli: Cli,
+    env: BTreeMap<String, String>,
+    serve_config: Option<toolgate_server::Config>,
+) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve {
-            config,
-            listen,
-            database,
-        } => {
-            let config = load_config(
-                &env,
-                config.as_deref(),
-                listen.as_deref(),
-                database.as_deref(),
-            )?;
+        Command::Serve { .. } => {
+            let config =
+                serve_config.ok_or_else(|| anyhow::anyhow!("the configuration was not loaded"))?;
             toolgate_server::serve(config, shutdown_requests()).await?;
             Ok(ExitCode::SUCCESS)
         }

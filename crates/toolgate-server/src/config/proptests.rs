@@ -18,6 +18,7 @@ const KEYS: &[(&str, &[&str])] = &[
             "drain_timeout_ms",
             "max_concurrent_calls",
             "max_queued_calls",
+            "worker_threads",
         ],
     ),
     ("storage", &["database", "schema"]),

@@ -27,6 +27,10 @@ impl Config {
             count(self.limits.max_concurrent),
         );
         server.insert("max_queued_calls".into(), count(self.limits.max_queued));
+        server.insert(
+            "worker_threads".into(),
+            count(self.worker_threads(super::available_cores())),
+        );
         if let Some(tls) = &self.tls {
             let mut table = Table::new();
             table.insert("cert_file".into(), path(&tls.paths.cert_file));
