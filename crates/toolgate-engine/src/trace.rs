@@ -9,48 +9,26 @@
 //! subscribes to them and they cost what a disabled span costs. A span carries names, ids
 //! and codes only, never an argument or a result value.
 
-use std::fmt;
-
 use tracing::Span;
 use tracing::field::Empty;
 
 use toolgate_core::trace::SpanContext;
 
-use toolgate_core::{Redactor, ToolCallStatus, ToolName};
+use toolgate_core::{ToolCallStatus, ToolName};
 use toolgate_ledger::{PendingInvocation, ToolCallRecord};
 use toolgate_policy::PolicyDecision;
 
-use crate::catalog::parse_llm_tool_name;
 use crate::error::EngineError;
 use crate::outcome::{ExecuteOutcome, ResumeOutcome};
 
-/// The span name of a call to `tool`: `execute_tool {tool}`, or plain `execute_tool` for a
-/// name that is no valid tool name or that the redactor would change (it may be a credential
-/// pasted in the wrong place). Formatted only when a subscriber records the span.
-pub(crate) struct CallName<'a> {
-    pub(crate) tool: &'a str,
-    pub(crate) redactor: &'a Redactor,
-}
-
-impl fmt::Display for CallName<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = parse_llm_tool_name(self.tool)
-            .filter(|name| self.redactor.redact_text(name.as_str()) == name.as_str());
-        match name {
-            Some(name) => write!(f, "execute_tool {name}"),
-            None => f.write_str("execute_tool"),
-        }
-    }
-}
-
-/// The span of one `ExecuteTool`, named at creation (an exporter fixes the name once the span
-/// starts); the call's ids are recorded once they are known to be safe to keep (see
-/// [`record_call`]).
-pub(crate) fn call_span(tenant: &str, name: CallName<'_>) -> Span {
+/// The span of one `ExecuteTool`, named `execute_tool`; its full name
+/// (`execute_tool {gen_ai.tool.name}`) and the call's ids are recorded once they are known to
+/// be safe to keep (see [`record_call`]).
+pub(crate) fn call_span(tenant: &str) -> Span {
     tracing::debug_span!(
         target: "toolgate::call",
         "execute_tool",
-        otel.name = %name,
+        otel.name = Empty,
         otel.kind = "internal",
         otel.status_code = Empty,
         gen_ai.operation.name = "execute_tool",
@@ -71,15 +49,22 @@ pub(crate) fn call_span(tenant: &str, name: CallName<'_>) -> Span {
     )
 }
 
-/// Records the ids of a parsed call on `span`. The tool name is recorded only when it is a
-/// valid name the redactor leaves alone (`name`); run and tool_use ids have passed the same
-/// check by then.
+/// Records the ids of a parsed call on `span`. The tool name, and with it the span's name
+/// (`execute_tool {name}`), is recorded only when it is a valid name the redactor leaves alone
+/// (`name`, as parsing checked it; a name that fails may be a credential pasted in the wrong
+/// place, and the span keeps the plain name `execute_tool`); run and tool_use ids have passed
+/// the same check by then. A subscriber names the span from `otel.name` recorded after it was
+/// created (as the gateway's recorder and `tracing-opentelemetry` do).
 pub(crate) fn record_call(span: &Span, record: &ToolCallRecord, name: Option<&ToolName>) {
     // Nothing is formatted for a span nobody subscribes to (traces off).
     if span.is_disabled() {
         return;
     }
     if let Some(name) = name {
+        span.record(
+            "otel.name",
+            tracing::field::display(format_args!("execute_tool {name}")),
+        );
         span.record("gen_ai.tool.name", name.as_str());
     }
     span.record("gen_ai.conversation.id", record.run.as_str());

@@ -115,11 +115,7 @@ impl Engine {
     /// be served (malformed ids, an unknown run, a reused tool_use_id, the ledger failing).
     pub async fn execute(&self, request: ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
         let started = std::time::Instant::now();
-        let name = trace::CallName {
-            tool: &request.tool,
-            redactor: &self.redactor,
-        };
-        let span = trace::call_span(request.tenant.as_str(), name);
+        let span = trace::call_span(request.tenant.as_str());
         // The pipeline's future is large (every step's state); boxed, it is built once in place
         // and never copied again as the futures around it (the span, the gRPC handler, the
         // server's task) are created and moved.
