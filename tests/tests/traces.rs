@@ -4,6 +4,7 @@
 //! the gateway's server span, the GenAI `execute_tool` span and its children (policy, ledger,
 //! credentials, connector, each vendor attempt), and the vendor request through the fake Slack
 //! carries the attempt's `traceparent`. No argument or result value appears in any span.
+//! The standard `OTEL_TRACES_SAMPLER` decides which calls are exported.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -157,6 +158,24 @@ fn children<'a>(spans: &'a [(String, Span)], parent: &Span) -> Vec<&'a Span> {
         .map(|(_, span)| span)
         .filter(|span| span.parent_span_id == parent.span_id)
         .collect()
+}
+
+/// A gateway exporting to `receiver` every 100 ms (`envs` besides), its tenant `acme` allowed
+/// `testkit.echo`, and a run.
+async fn echo_gateway(receiver: &Receiver, envs: &[(&str, &str)]) -> (Gateway, Tenant, String) {
+    let endpoint = receiver.start().await;
+    let mut all = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    all.extend_from_slice(envs);
+    let gateway = Gateway::options().envs(&all).start();
+    let acme = Tenant::setup("acme")
+        .tools(&["testkit.echo"])
+        .create(&gateway)
+        .await;
+    let run = gateway.open_run(&acme.token, "support", 0).await;
+    (gateway, acme, run)
 }
 
 /// An ExecuteTool request inside the agent's span.
@@ -488,18 +507,7 @@ async fn an_mcp_call_joins_the_trace_of_its_meta_or_its_header() {
     const META_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
     const HEADER_TRACE: &str = "5b8efff798038103d269b633813fc60c";
     let receiver = Receiver::default();
-    let endpoint = receiver.start().await;
-    let gateway = Gateway::options()
-        .envs(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ])
-        .start();
-    let acme = Tenant::setup("acme")
-        .tools(&["testkit.echo"])
-        .create(&gateway)
-        .await;
-    let run = gateway.open_run(&acme.token, "support", 0).await;
+    let (gateway, acme, run) = echo_gateway(&receiver, &[]).await;
     let address = gateway.url.trim_start_matches("http://").to_owned();
     let call = |id: &str, meta: &str| {
         format!(
@@ -554,4 +562,66 @@ async fn an_mcp_call_joins_the_trace_of_its_meta_or_its_header() {
     }
     let everything = format!("{:?}", summary(&spans));
     assert!(!everything.contains(SECRET_TEXT), "{everything}");
+}
+
+/// `OTEL_TRACES_SAMPLER=parentbased_always_off`: a call that arrives without a trace is not
+/// exported, one whose `traceparent` says sampled is, whole; one that says not sampled is not.
+#[tokio::test]
+async fn the_standard_sampler_decides_which_calls_are_exported() {
+    const UNSAMPLED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    let receiver = Receiver::default();
+    let sampler = ("OTEL_TRACES_SAMPLER", "parentbased_always_off");
+    let (gateway, acme, run) = echo_gateway(&receiver, &[sampler]).await;
+    let mut agent = gateway.agent().await;
+    let echo = |id: &str| pb::ExecuteToolRequest {
+        tool_use_id: id.into(),
+        ..execute(&run, "testkit.echo", r#"{"message": "hello"}"#)
+    };
+
+    // Without a trace, and in a trace its caller does not sample: nothing exported.
+    let alone = agent
+        .execute_tool(authed(echo("toolu_alone"), &acme.token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(alone.status(), pb::ToolCallStatus::Succeeded, "{alone:?}");
+    let mut unsampled = authed(echo("toolu_unsampled"), &acme.token);
+    unsampled.metadata_mut().insert(
+        "traceparent",
+        format!("00-{UNSAMPLED_TRACE}-{AGENT_SPAN}-00")
+            .parse()
+            .unwrap(),
+    );
+    let quiet = agent.execute_tool(unsampled).await.unwrap().into_inner();
+    assert_eq!(quiet.status(), pb::ToolCallStatus::Succeeded, "{quiet:?}");
+    // In a trace its caller samples: exported, the server span with its name and kind.
+    let sampled = agent
+        .execute_tool(traced(echo("toolu_sampled"), &acme.token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        sampled.status(),
+        pb::ToolCallStatus::Succeeded,
+        "{sampled:?}"
+    );
+
+    // Spans are exported in the order they end: the server span ends last.
+    let spans = receiver
+        .wait_for("toolgate.v1.AgentService/ExecuteTool")
+        .await;
+    // The first two calls' spans closed before the third began, and were never queued.
+    let call = named(&spans, "execute_tool testkit.echo");
+    assert_eq!(call.len(), 1, "{:#?}", summary(&spans));
+    assert_eq!(
+        attribute(call[0], "gen_ai.tool.call.id").as_deref(),
+        Some("toolu_sampled")
+    );
+    for (_, span) in &spans {
+        assert_eq!(hex(&span.trace_id), TRACE_ID, "{:#?}", summary(&spans));
+    }
+    let server = named(&spans, "toolgate.v1.AgentService/ExecuteTool");
+    assert_eq!(server.len(), 1, "{:#?}", summary(&spans));
+    assert_eq!(server[0].kind, SpanKind::Server as i32);
+    assert_eq!(hex(&server[0].parent_span_id), AGENT_SPAN);
 }

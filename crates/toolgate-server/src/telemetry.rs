@@ -65,6 +65,75 @@ pub struct TraceExport {
     /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` (512): spans per export, and the queue length that
     /// sends at once.
     pub max_batch: usize,
+    /// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` (`parentbased_always_on`): which
+    /// traces are recorded and exported.
+    pub sampler: Sampler,
+}
+
+/// Which traces are sampled (recorded and exported), as OpenTelemetry's standard samplers
+/// decide: by the trace id for a trace this gateway starts, and for a `parentbased_*` sampler
+/// by the caller's `traceparent` flag when there is one. An unsampled trace still has its ids
+/// (log lines carry them, outbound requests propagate them, flagged unsampled), but its spans
+/// keep no attributes and are never queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampler {
+    /// Whether a remote parent's sampled flag decides (the `parentbased_*` samplers).
+    parent_based: bool,
+    /// A trace is sampled when the last 8 bytes of its id (big-endian), shifted right by one
+    /// bit, are below this: the rule OpenTelemetry's SDKs apply for `traceidratio`. 0 samples
+    /// none, 2^63 every one.
+    threshold: u64,
+}
+
+impl Default for Sampler {
+    /// `parentbased_always_on`, OpenTelemetry's default.
+    fn default() -> Sampler {
+        Sampler::new(true, 1.0)
+    }
+}
+
+impl Sampler {
+    /// A sampler keeping `ratio` (0 to 1) of the traces, deferring to a remote parent's flag
+    /// when `parent_based`.
+    pub fn new(parent_based: bool, ratio: f64) -> Sampler {
+        Sampler {
+            parent_based,
+            threshold: ratio_threshold(ratio),
+        }
+    }
+
+    /// Whether the trace `trace_id`, started here (or whose remote parent does not decide),
+    /// is sampled.
+    pub(crate) fn samples(&self, trace_id: &toolgate_core::trace::TraceId) -> bool {
+        let mut low = [0; 8];
+        low.copy_from_slice(&trace_id.0[8..]);
+        (u64::from_be_bytes(low) >> 1) < self.threshold
+    }
+
+    /// Whether a span whose parent is the remote `parent` is sampled.
+    pub(crate) fn follows(&self, parent: &toolgate_core::trace::SpanContext) -> bool {
+        if self.parent_based {
+            parent.sampled
+        } else {
+            self.samples(&parent.trace_id)
+        }
+    }
+}
+
+/// `ratio` (0 to 1) of 2^63, for [`Sampler::samples`].
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "the product is from 0 to 2^63, and a float-to-integer cast saturates"
+)]
+fn ratio_threshold(ratio: f64) -> u64 {
+    if ratio >= 1.0 {
+        1 << 63
+    } else if ratio > 0.0 {
+        (ratio * 9_223_372_036_854_775_808.0) as u64
+    } else {
+        0
+    }
 }
 
 /// The telemetry settings, read from the environment once at start-up.
@@ -187,7 +256,36 @@ fn trace_export<'a>(
         schedule_delay: millis(get, "OTEL_BSP_SCHEDULE_DELAY", 5_000)?,
         max_queue,
         max_batch,
+        sampler: sampler(get)?,
     }))
+}
+
+/// `OTEL_TRACES_SAMPLER` and, for the ratio samplers, `OTEL_TRACES_SAMPLER_ARG` (default 1).
+fn sampler<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<Sampler, TelemetryError> {
+    let name = get("OTEL_TRACES_SAMPLER").unwrap_or("parentbased_always_on");
+    let ratio = || match get("OTEL_TRACES_SAMPLER_ARG") {
+        None => Ok(1.0),
+        Some(text) => match text.parse::<f64>() {
+            Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+            _ => Err(TelemetryError(format!(
+                "OTEL_TRACES_SAMPLER_ARG must be a ratio from 0 to 1 for the `{name}` sampler, got `{text}`"
+            ))),
+        },
+    };
+    let (parent_based, ratio) = match name {
+        "always_on" => (false, 1.0),
+        "always_off" => (false, 0.0),
+        "traceidratio" => (false, ratio()?),
+        "parentbased_always_on" => (true, 1.0),
+        "parentbased_always_off" => (true, 0.0),
+        "parentbased_traceidratio" => (true, ratio()?),
+        other => {
+            return Err(TelemetryError(format!(
+                "OTEL_TRACES_SAMPLER `{other}` is not supported: toolgate samples with always_on, always_off, traceidratio, parentbased_always_on (the default), parentbased_always_off or parentbased_traceidratio"
+            )));
+        }
+    };
+    Ok(Sampler::new(parent_based, ratio))
 }
 
 /// A duration in milliseconds, above zero.
@@ -304,6 +402,7 @@ impl Telemetry {
         // The recorder keeps toolgate's spans itself and hands events to the log subscriber.
         let logs = Box::new(tracing_subscriber::registry().with(logs));
         recorder::Recorder::new(queue, logs)
+            .with_sampler(export.sampler)
             .try_init()
             .map_err(|e| TelemetryError(format!("cannot install the trace subscriber: {e}")))?;
         Ok(Telemetry {
@@ -543,6 +642,37 @@ mod tests {
                 ],
                 "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
             ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_TRACES_SAMPLER", "jaeger_remote"),
+                ],
+                "OTEL_TRACES_SAMPLER `jaeger_remote` is not supported",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+                ],
+                "OTEL_TRACES_SAMPLER_ARG must be a ratio from 0 to 1",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "ten percent"),
+                ],
+                "OTEL_TRACES_SAMPLER_ARG",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "NaN"),
+                ],
+                "OTEL_TRACES_SAMPLER_ARG",
+            ),
         ];
         for (env, named) in cases {
             match settings(env) {
@@ -550,5 +680,83 @@ mod tests {
                 Err(message) => assert!(message.contains(named), "{env:?}: {message}"),
             }
         }
+    }
+
+    #[test]
+    fn the_samplers_decide_as_opentelemetrys_standard_ones() {
+        use toolgate_core::trace::{SpanContext, TraceId};
+        let sampler = |vars: &[(&str, &str)]| {
+            let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")];
+            env.extend_from_slice(vars);
+            settings(&env).unwrap().traces.unwrap().sampler
+        };
+        // A trace id whose last 8 bytes, shifted right once, are `low`.
+        let trace = |low: u64| {
+            let mut id = [0x4b; 16];
+            id[8..].copy_from_slice(&(low << 1).to_be_bytes());
+            TraceId(id)
+        };
+        let remote = |id: TraceId, sampled: bool| {
+            SpanContext::from_w3c(
+                &format!("00-{id}-00f067aa0ba902b7-0{}", u8::from(sampled)),
+                None,
+            )
+            .unwrap()
+        };
+        let half = 1_u64 << 62;
+        let (low, high) = (trace(half - 1), trace(half));
+
+        let default = sampler(&[]);
+        assert_eq!(default, Sampler::default());
+        assert!(default.samples(&low) && default.samples(&trace(u64::MAX >> 1)));
+        assert!(default.follows(&remote(low, true)) && !default.follows(&remote(low, false)));
+
+        let off = sampler(&[("OTEL_TRACES_SAMPLER", "always_off")]);
+        assert!(!off.samples(&low) && !off.samples(&trace(0)));
+        assert!(
+            !off.follows(&remote(low, true)),
+            "the parent's flag does not decide"
+        );
+        let on = sampler(&[("OTEL_TRACES_SAMPLER", "always_on")]);
+        assert!(on.follows(&remote(high, false)));
+
+        // traceidratio 0.5 keeps the ids below half the range, whatever the parent says.
+        let ratio = sampler(&[
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ]);
+        assert!(ratio.samples(&low) && !ratio.samples(&high));
+        assert!(ratio.follows(&remote(low, false)) && !ratio.follows(&remote(high, true)));
+        // Without an argument a ratio sampler keeps everything (the standard default, 1).
+        let unset = sampler(&[("OTEL_TRACES_SAMPLER", "traceidratio")]);
+        assert!(unset.samples(&trace(u64::MAX >> 1)));
+
+        // parentbased_*: the remote parent's flag decides; the ratio decides for new traces.
+        let based = sampler(&[
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ]);
+        assert!(based.samples(&low) && !based.samples(&high));
+        assert!(based.follows(&remote(high, true)) && !based.follows(&remote(low, false)));
+        let based_off = sampler(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]);
+        assert!(!based_off.samples(&low) && based_off.follows(&remote(high, true)));
+
+        // About the ratio asked of random ids.
+        let tenth = Sampler::new(false, 0.1);
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let kept = (0..100_000)
+            .filter(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let mut id = [0; 16];
+                id[8..].copy_from_slice(&state.to_be_bytes());
+                tenth.samples(&TraceId(id))
+            })
+            .count();
+        assert!(
+            (9_000..11_000).contains(&kept),
+            "{kept} of 100,000 kept at 0.1"
+        );
     }
 }

@@ -808,6 +808,7 @@ mod tests {
             schedule_delay: Duration::from_secs(5),
             max_queue: 2_048,
             max_batch: 512,
+            sampler: crate::telemetry::Sampler::default(),
         }
     }
 

@@ -29,6 +29,7 @@ use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
 use tracing_core::span::Current;
 
+use super::Sampler;
 use super::otlp::{Attributes as OtlpAttributes, EncodedSpan, Value};
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Metadata, Subscriber};
@@ -288,6 +289,8 @@ pub(crate) struct Recorder {
     /// several).
     instance: u64,
     queue: Arc<SpanQueue>,
+    /// Which traces are sampled; an unsampled span keeps its ids only.
+    sampler: Sampler,
     /// Writes the log lines: its own filter decides which events, and it never sees a span.
     logs: Box<dyn Subscriber + Send + Sync>,
 }
@@ -331,8 +334,15 @@ impl Recorder {
             tables: std::array::from_fn(|_| Mutex::new(Slab::new())),
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             queue,
+            sampler: Sampler::default(),
             logs,
         }
+    }
+
+    /// This recorder, sampling traces with `sampler` (`parentbased_always_on` otherwise).
+    pub(crate) fn with_sampler(mut self, sampler: Sampler) -> Recorder {
+        self.sampler = sampler;
+        self
     }
 
     fn records(metadata: &Metadata<'_>) -> bool {
@@ -467,7 +477,10 @@ impl Subscriber for Recorder {
                 parent.sampled,
                 parent.trace_state,
             ),
-            None => (random_trace_id(), None, true, None),
+            None => {
+                let trace_id = random_trace_id();
+                (trace_id, None, self.sampler.samples(&trace_id), None)
+            }
         };
         let now = SystemTime::now();
         let metadata = attrs.metadata();
@@ -496,13 +509,17 @@ impl Subscriber for Recorder {
             links: Vec::new(),
         };
         let mut recorded = 0;
-        // Fields are written before any table is locked: a `Debug` may do anything.
-        attrs.record(&mut Fields {
-            record: &mut record,
-            recorded: &mut recorded,
-            fresh: true,
-            formatted: &[],
-        });
+        // Fields are written before any table is locked: a `Debug` may do anything. A span
+        // of an unsampled trace is never exported: its fields are not kept. A root keeps its
+        // fields either way, as a remote parent given next may still sample it.
+        if sampled || parent_id.is_none() {
+            attrs.record(&mut Fields {
+                record: &mut record,
+                recorded: &mut recorded,
+                fresh: true,
+                formatted: &[],
+            });
+        }
         let node = Node {
             metadata,
             handles: 1,
@@ -520,6 +537,10 @@ impl Subscriber for Recorder {
     }
 
     fn record(&self, span: &Id, values: &Record<'_>) {
+        // An unsampled span keeps no fields (see `new_span`).
+        if self.with_node(span, |node| node.record.context.sampled) != Some(true) {
+            return;
+        }
         // `Debug` values are formatted first, outside the table's lock.
         let mut formatted = Formatted::default();
         values.record(&mut formatted);
@@ -615,7 +636,7 @@ fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
             recorder.with_node(id, |node| {
                 let record = &mut node.record;
                 record.context.trace_id = parent.trace_id;
-                record.context.sampled = parent.sampled;
+                record.context.sampled = recorder.sampler.follows(&parent);
                 record.context.trace_state = parent.trace_state;
                 record.parent = Some(parent.span_id);
                 record.parent_remote = parent.remote;
@@ -870,5 +891,41 @@ mod tests {
         assert!(by_name("root").parent_span_id.is_empty());
         assert_eq!(by_name("under_b").parent_span_id, by_name("b").span_id);
         assert!(by_name("b").parent_span_id.is_empty());
+    }
+
+    #[test]
+    fn a_sampler_keeps_new_traces_out_and_a_sampled_caller_in() {
+        const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let logs = Box::new(tracing::subscriber::NoSubscriber::default());
+        // parentbased_always_off: nothing this gateway starts, all a sampled caller does.
+        let recorder =
+            Recorder::new(Arc::clone(&queue), logs).with_sampler(Sampler::new(true, 0.0));
+        tracing::subscriber::with_default(recorder, || {
+            let alone = tracing::info_span!("alone", otel.name = "GET /alone");
+            let child = alone.in_scope(|| tracing::info_span!("alone.child", key = "value"));
+            let read = toolgate_core::trace::span_context(&child).unwrap();
+            assert!(!read.sampled, "a child of an unsampled trace is unsampled");
+            assert!(read.traceparent().ends_with("-00"));
+            child.record("key", "later");
+            drop((child, alone));
+
+            let called =
+                tracing::info_span!("called", otel.name = "svc/Method", otel.kind = "server");
+            let caller =
+                SpanContext::from_w3c(&format!("00-{TRACE}-00f067aa0ba902b7-01"), None).unwrap();
+            toolgate_core::trace::set_parent(&called, caller);
+            called.in_scope(|| drop(tracing::info_span!("called.child", key = "value")));
+        });
+        let spans = decoded(&queue);
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["called.child", "svc/Method"]);
+        // The root was unsampled when it started and kept its fields for the caller's flag.
+        assert_eq!(spans[1].kind, span::SpanKind::Server as i32);
+        assert_eq!(hex(&spans[1].trace_id), TRACE);
+        assert_eq!(
+            attribute(&spans[0], "key"),
+            Some(any_value::Value::StringValue("value".into()))
+        );
     }
 }
