@@ -537,14 +537,14 @@ impl Subscriber for Recorder {
     }
 
     fn record(&self, span: &Id, values: &Record<'_>) {
-        // An unsampled span keeps no fields (see `new_span`).
-        if self.with_node(span, |node| node.record.context.sampled) != Some(true) {
-            return;
-        }
         // `Debug` values are formatted first, outside the table's lock.
         let mut formatted = Formatted::default();
         values.record(&mut formatted);
         self.with_node(span, |node| {
+            // An unsampled span keeps no fields (see `new_span`).
+            if !node.record.context.sampled {
+                return;
+            }
             values.record(&mut Fields {
                 record: &mut node.record,
                 recorded: &mut node.recorded,
