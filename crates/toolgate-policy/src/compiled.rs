@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use cedar_policy::{
     ActionConstraint, AuthorizationError, Authorizer, Context, Effect, EntityId, EntityUid, Policy,
-    PolicyId, PolicySet, Request, ResourceConstraint, Response, RestrictedExpression,
-    ValidationMode, ValidationWarning, Validator,
+    PolicyId, PolicySet, PrincipalConstraint, Request, ResourceConstraint, Response,
+    RestrictedExpression, ValidationMode, ValidationWarning, Validator,
 };
 use toolgate_core::{AgentId, Decision, RiskLevel, RunId, TenantId, ToolSpec};
 
@@ -61,6 +61,11 @@ pub struct CompiledPolicy {
     /// match it. Cedar evaluates every policy it is given, so this keeps per-tool rules from
     /// slowing down every other tool.
     per_tool: Vec<PolicySet>,
+    /// For each tool (by [`ToolEntry::index`]), Cedar's answer when no call can change it:
+    /// every policy that may apply to the tool reads neither `principal` nor `context` (the
+    /// default set reads only the tool's own attributes), so the answer is a function of the
+    /// tool alone and is worked out once, here, rather than on every call.
+    fixed: Vec<Option<Response>>,
     meta: HashMap<PolicyId, PolicyMeta>,
     authorizer: Authorizer,
     version: i64,
@@ -153,14 +158,30 @@ impl CompiledPolicy {
         }
 
         let per_tool = per_tool_sets(&schema.inner, &policies)?;
+        let authorizer = Authorizer::new();
+        let fixed = fixed_answers(&schema.inner, &per_tool, &authorizer);
         Ok(CompiledPolicy {
             schema: Arc::clone(&schema.inner),
             per_tool,
+            fixed,
             meta,
-            authorizer: Authorizer::new(),
+            authorizer,
             version,
             warnings,
         })
+    }
+
+    /// The same policy with no answer worked out in advance: every call goes to Cedar.
+    #[cfg(test)]
+    pub(crate) fn without_fixed_answers(mut self) -> CompiledPolicy {
+        self.fixed.iter_mut().for_each(|answer| *answer = None);
+        self
+    }
+
+    /// How many tools have their answer worked out in advance.
+    #[cfg(test)]
+    pub(crate) fn fixed_answers(&self) -> usize {
+        self.fixed.iter().flatten().count()
     }
 
     /// The version given to [`CompiledPolicy::compile`].
@@ -183,6 +204,17 @@ impl CompiledPolicy {
             let reason = format!("tool `{}` is not in the policy schema", spec.name);
             return self.block(spec.risk, Vec::new(), reason);
         };
+        if let Some(response) = &self.fixed[tool.index] {
+            // The answer cannot depend on this call; its arguments must still be ones Cedar
+            // could be given, exactly as when the request is built.
+            return match tool.args.convert(request.arguments) {
+                Ok(_) => self.decide(spec.risk, response),
+                Err(error) => {
+                    let reason = format!("policy cannot evaluate this call: {error}");
+                    self.block(spec.risk, Vec::new(), reason)
+                }
+            };
+        }
         match self.cedar_request(tool, request) {
             Ok(cedar_request) => {
                 let response = self.authorizer.is_authorized(
@@ -446,6 +478,58 @@ fn per_tool_sets(
         sets.push(set);
     }
     Ok(sets)
+}
+
+/// Cedar's answer for each tool whose policies cannot tell one call from another (see
+/// [`CompiledPolicy::fixed`]), asked once with a request only the tool's action and resource
+/// of which the policies can see.
+fn fixed_answers(
+    schema: &SchemaInner,
+    per_tool: &[PolicySet],
+    authorizer: &Authorizer,
+) -> Vec<Option<Response>> {
+    let mut tools: Vec<&ToolEntry> = schema.tools.values().collect();
+    tools.sort_unstable_by_key(|tool| tool.index);
+    tools
+        .into_iter()
+        .zip(per_tool)
+        .map(|(tool, set)| {
+            if !set.policies().all(reads_only_the_tool) {
+                return None;
+            }
+            // No policy of the set reads the principal or the context, so any will do.
+            let principal =
+                EntityUid::from_type_name_and_id(schema.agent_type.clone(), EntityId::new(""));
+            let request = Request::new(
+                principal,
+                tool.action.clone(),
+                tool.resource.clone(),
+                Context::empty(),
+                None,
+            )
+            .ok()?;
+            Some(authorizer.is_authorized(&request, set, &tool.entities))
+        })
+        .collect()
+}
+
+/// Whether the policy's outcome is settled by the action and the resource alone: it constrains
+/// no principal in its scope and its conditions name neither `principal` nor `context`. Read
+/// from the policy's JSON form, where every variable is `{"Var": name}`; a policy that cannot
+/// be turned into JSON is taken to read everything.
+fn reads_only_the_tool(policy: &Policy) -> bool {
+    fn names_caller(json: &serde_json::Value) -> bool {
+        match json {
+            serde_json::Value::Object(fields) => fields.iter().any(|(key, value)| {
+                (key == "Var" && matches!(value.as_str(), Some("principal" | "context")))
+                    || names_caller(value)
+            }),
+            serde_json::Value::Array(items) => items.iter().any(names_caller),
+            _ => false,
+        }
+    }
+    matches!(policy.principal_constraint(), PrincipalConstraint::Any)
+        && policy.to_json().is_ok_and(|json| !names_caller(&json))
 }
 
 fn may_apply(policy: &Policy, tool: &ToolEntry) -> bool {

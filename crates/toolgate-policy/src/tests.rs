@@ -822,3 +822,121 @@ fn compiled_policies_are_shareable_across_threads() {
     assert_send_sync::<PolicySchema>();
     assert_send_sync::<PolicyDecision>();
 }
+
+/// One call of `agent` in tenant `tenant`, run `run`.
+fn evaluate_as(
+    policy: &CompiledPolicy,
+    (tenant, agent, run): (&str, &str, &str),
+    tool: &ToolSpec,
+    arguments: &Value,
+) -> PolicyDecision {
+    policy.evaluate(&PolicyRequest {
+        tenant: &TenantId::new(tenant).unwrap(),
+        agent: &AgentId::new(agent).unwrap(),
+        run: &RunId::new(run).unwrap(),
+        tool,
+        arguments,
+    })
+}
+
+#[test]
+fn answers_worked_out_in_advance_are_cedars_own() {
+    // Sets whose answer for a tool cannot depend on the call, and sets reading the caller or
+    // the context only in a condition (their scopes match everyone).
+    let texts = [
+        DEFAULT_POLICY,
+        ALLOW_ALL,
+        r#"@id("all") permit (principal, action, resource);
+           @id("no-high") forbid (principal, action, resource) when { resource.risk == "high" };
+           @id("weird") @decision("observe") permit (principal, action, resource)
+           when { resource.tags.contains("write") || resource.family like "sl*" };"#,
+        r#"@id("bot") permit (principal, action, resource)
+           when { principal == Toolgate::Agent::"support-bot" };"#,
+        r#"@id("acme") permit (principal, action, resource) when { context.tenant == "acme" };"#,
+        r#"@id("runs") permit (principal, action, resource) unless { context.run like "run-9*" };"#,
+        r#"@id("all") permit (principal, action, resource);
+           @id("eu") forbid (principal, action == Toolgate::Action::"payments.refund", resource)
+           when { context.args.region == "eu-west-1" };"#,
+    ];
+    let callers = [
+        ("acme", "support-bot", "run-1"),
+        ("globex", "other-bot", "run-99"),
+    ];
+    let arguments = [
+        json!({"query": "q", "channel": "#x", "text": "t", "amount": 5, "currency": "EUR", "region": "eu-west-1"}),
+        json!({"query": "q", "channel": "#y", "text": "t", "amount": 7, "currency": "USD", "region": "us-east-1"}),
+        json!({"amount": 1.5}),
+    ];
+    for text in texts {
+        let policy = CompiledPolicy::compile(&schema(), text, 2).unwrap();
+        let asked = CompiledPolicy::compile(&schema(), text, 2)
+            .unwrap()
+            .without_fixed_answers();
+        for tool in specs() {
+            for caller in callers {
+                for arguments in &arguments {
+                    assert_eq!(
+                        evaluate_as(&policy, caller, &tool, arguments),
+                        evaluate_as(&asked, caller, &tool, arguments),
+                        "{text}\n{} {caller:?} {arguments}",
+                        tool.name
+                    );
+                }
+            }
+        }
+    }
+
+    // Which tools were worked out in advance: every one under a set that reads only the tool,
+    // none under a set reading the caller or the context everywhere, and all but the tool a
+    // context condition is scoped to.
+    let fixed = |text: &str| {
+        CompiledPolicy::compile(&schema(), text, 1)
+            .unwrap()
+            .fixed_answers()
+    };
+    let tools = specs().len();
+    assert_eq!(fixed(DEFAULT_POLICY), tools);
+    assert_eq!(fixed(texts[2]), tools);
+    assert_eq!(fixed(texts[3]), 0);
+    assert_eq!(fixed(texts[4]), 0);
+    assert_eq!(fixed(texts[5]), 0);
+    assert_eq!(fixed(texts[6]), tools - 1);
+    let scoped =
+        r#"@id("bot") permit (principal == Toolgate::Agent::"support-bot", action, resource);"#;
+    assert_eq!(fixed(scoped), 0);
+}
+
+#[test]
+fn policies_naming_the_caller_only_in_conditions_still_tell_callers_apart() {
+    let tool = spec("slack.post_message");
+    let arguments = json!({"channel": "#x", "text": "hi"});
+    let cases: &[(&str, (&str, &str, &str), Decision)] = &[
+        (
+            r#"@id("bot") permit (principal, action, resource)
+               when { principal == Toolgate::Agent::"support-bot" };"#,
+            ("acme", "support-bot", "run-1"),
+            Decision::Allow,
+        ),
+        (
+            r#"@id("bot") permit (principal, action, resource)
+               when { principal == Toolgate::Agent::"support-bot" };"#,
+            ("acme", "other-bot", "run-1"),
+            Decision::Block,
+        ),
+        (
+            r#"@id("acme") permit (principal, action, resource) when { context.tenant == "acme" };"#,
+            ("acme", "other-bot", "run-1"),
+            Decision::Allow,
+        ),
+        (
+            r#"@id("acme") permit (principal, action, resource) when { context.tenant == "acme" };"#,
+            ("globex", "other-bot", "run-1"),
+            Decision::Block,
+        ),
+    ];
+    for (text, caller, decision) in cases {
+        let policy = CompiledPolicy::compile(&schema(), text, 1).unwrap();
+        let got = evaluate_as(&policy, *caller, &tool, &arguments);
+        assert_eq!(got.decision, *decision, "{text} {caller:?}: {got:?}");
+    }
+}
