@@ -196,8 +196,19 @@ impl Sink for Map<String, Value> {
 
 /// What one write binds, written straight as JSON text part by part (no map of values is
 /// built: this runs for every call, the verifier's `fields` for every row it checks).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Binding(Vec<u8>);
+
+impl Default for Binding {
+    /// Empty, with room for a call's binding (its parts and their digests take well under
+    /// this), so writing one never grows the buffer.
+    fn default() -> Binding {
+        Binding(Vec::with_capacity(BINDING_BYTES))
+    }
+}
+
+/// The room a new binding is given.
+const BINDING_BYTES: usize = 1024;
 
 impl Binding {
     /// A whole call row, as inserted or rewritten.

@@ -72,7 +72,22 @@ pub(crate) fn event_mac(
     prev_hash: &str,
     fields: &EventFields<'_>,
 ) -> Option<String> {
-    let mut message = Vec::with_capacity(256 + fields.payload.len());
+    // Its exact size: every text is its length (8 bytes) then its bytes, every optional text
+    // one byte more, the two numbers 8 bytes each.
+    let text = |len: usize| 8 + len;
+    let optional = |value: Option<&str>| 1 + value.map_or(0, |value| text(value.len()));
+    let size = text(KEYED_DOMAIN_TAG.len())
+        + text(key_id.len())
+        + text(prev_hash.len())
+        + text(fields.tenant.len())
+        + 8
+        + text(fields.kind.len())
+        + optional(fields.run)
+        + optional(fields.tool_call_id)
+        + text(fields.payload.len())
+        + 8
+        + optional(fields.binding);
+    let mut message = Vec::with_capacity(size);
     put_text(&mut message, KEYED_DOMAIN_TAG);
     put_text(&mut message, key_id.as_bytes());
     put_text(&mut message, prev_hash.as_bytes());
@@ -84,6 +99,11 @@ pub(crate) fn event_mac(
     put_text(&mut message, fields.payload.as_bytes());
     message.update(fields.at.to_be_bytes());
     put_optional(&mut message, fields.binding);
+    debug_assert_eq!(
+        message.len(),
+        size,
+        "the MAC's message is the size computed"
+    );
     keys.mac(key_id, &message).map(toolgate_core::hex::encode)
 }
 

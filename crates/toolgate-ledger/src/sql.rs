@@ -85,9 +85,14 @@ pub(crate) struct Query<'a> {
 pub(crate) fn query<'a>(sql: &'static str) -> Query<'a> {
     Query {
         sql,
-        params: Vec::new(),
+        // Room for the call row's parameters, the most a statement of the hot path binds, so
+        // binding one never grows the vector.
+        params: Vec::with_capacity(PARAMS),
     }
 }
+
+/// How many parameters a query has room for before it grows.
+const PARAMS: usize = 24;
 
 impl<'a> Query<'a> {
     /// Binds the next placeholder.
