@@ -159,7 +159,7 @@ impl CompiledPolicy {
 
         let per_tool = per_tool_sets(&schema.inner, &policies)?;
         let authorizer = Authorizer::new();
-        let fixed = fixed_answers(&schema.inner, &per_tool, &authorizer);
+        let fixed = fixed_answers(&schema.inner, &policies, &per_tool, &authorizer);
         Ok(CompiledPolicy {
             schema: Arc::clone(&schema.inner),
             per_tool,
@@ -485,16 +485,23 @@ fn per_tool_sets(
 /// of which the policies can see.
 fn fixed_answers(
     schema: &SchemaInner,
+    policies: &PolicySet,
     per_tool: &[PolicySet],
     authorizer: &Authorizer,
 ) -> Vec<Option<Response>> {
+    // Each policy is read once, however many tools it may apply to.
+    let tool_only: HashSet<&PolicyId> = policies
+        .policies()
+        .filter(|policy| reads_only_the_tool(policy))
+        .map(Policy::id)
+        .collect();
     let mut tools: Vec<&ToolEntry> = schema.tools.values().collect();
     tools.sort_unstable_by_key(|tool| tool.index);
     tools
         .into_iter()
         .zip(per_tool)
         .map(|(tool, set)| {
-            if !set.policies().all(reads_only_the_tool) {
+            if !set.policies().all(|policy| tool_only.contains(policy.id())) {
                 return None;
             }
             // No policy of the set reads the principal or the context, so any will do.
