@@ -465,8 +465,7 @@ fn per_tool_sets(
     schema: &SchemaInner,
     policies: &PolicySet,
 ) -> Result<Vec<PolicySet>, PolicyError> {
-    let mut tools: Vec<&ToolEntry> = schema.tools.values().collect();
-    tools.sort_unstable_by_key(|tool| tool.index);
+    let tools = tools_by_index(schema);
     let mut sets = Vec::with_capacity(tools.len());
     for tool in tools {
         let relevant = policies
@@ -478,6 +477,14 @@ fn per_tool_sets(
         sets.push(set);
     }
     Ok(sets)
+}
+
+/// The schema's tools in the order of their [`ToolEntry::index`], the order of every per-tool
+/// table.
+fn tools_by_index(schema: &SchemaInner) -> Vec<&ToolEntry> {
+    let mut tools: Vec<&ToolEntry> = schema.tools.values().collect();
+    tools.sort_unstable_by_key(|tool| tool.index);
+    tools
 }
 
 /// Cedar's answer for each tool whose policies cannot tell one call from another (see
@@ -495,9 +502,7 @@ fn fixed_answers(
         .filter(|policy| reads_only_the_tool(policy))
         .map(Policy::id)
         .collect();
-    let mut tools: Vec<&ToolEntry> = schema.tools.values().collect();
-    tools.sort_unstable_by_key(|tool| tool.index);
-    tools
+    tools_by_index(schema)
         .into_iter()
         .zip(per_tool)
         .map(|(tool, set)| {
