@@ -60,18 +60,17 @@ pub(crate) fn record_call(span: &Span, record: &ToolCallRecord, name: Option<&To
     if span.is_disabled() {
         return;
     }
-    if let Some(name) = name {
-        span.record(
-            "otel.name",
-            tracing::field::display(format_args!("execute_tool {name}")),
-        );
-        span.record("gen_ai.tool.name", name.as_str());
-    }
-    span.record("gen_ai.conversation.id", record.run.as_str());
-    span.record("toolgate.tool_call_id", record.id.as_str());
-    if let Some(tool_use_id) = &record.tool_use_id {
-        span.record("gen_ai.tool.call.id", tool_use_id.as_str());
-    }
+    // One `record_all!` is one trip through the subscriber, where a `record` a field is one
+    // each; an absent `Option` records nothing.
+    let full_name = name.map(|name| format!("execute_tool {name}"));
+    tracing::record_all!(
+        span,
+        otel.name = full_name.as_deref(),
+        gen_ai.tool.name = name.map(ToolName::as_str),
+        gen_ai.conversation.id = record.run.as_str(),
+        toolgate.tool_call_id = record.id.as_str(),
+        gen_ai.tool.call.id = record.tool_use_id.as_ref().map(|id| id.as_str()),
+    );
 }
 
 /// Records how a call ended: its status and attempts, and for anything but a success the
@@ -82,32 +81,29 @@ pub(crate) fn record_outcome(span: &Span, outcome: &Result<ExecuteOutcome, Engin
     }
     match outcome {
         Ok(outcome) => {
-            span.record("toolgate.outcome", outcome.status.as_str());
-            span.record("toolgate.attempts", outcome.attempts);
-            span.record("toolgate.replayed", outcome.replayed);
-            if let Some(decision) = outcome.decision {
-                span.record("toolgate.decision", decision.as_str());
-            }
-            if let Some(risk) = outcome.risk {
-                span.record("toolgate.risk", risk.as_str());
-            }
-            if let Some(pending) = &outcome.pending_invocation_id {
-                span.record("toolgate.pending_invocation_id", pending.as_str());
-            }
-            match (&outcome.error, outcome.status) {
-                (Some(error), _) => {
-                    span.record("error.type", error.code.as_str());
-                    span.record("otel.status_code", "error");
-                }
-                (None, ToolCallStatus::Succeeded) => {
-                    span.record("otel.status_code", "ok");
-                }
-                (None, _) => {}
-            }
+            let (error_type, status_code) = match (&outcome.error, outcome.status) {
+                (Some(error), _) => (Some(error.code.as_str()), Some("error")),
+                (None, ToolCallStatus::Succeeded) => (None, Some("ok")),
+                (None, _) => (None, None),
+            };
+            tracing::record_all!(
+                span,
+                toolgate.outcome = outcome.status.as_str(),
+                toolgate.attempts = outcome.attempts,
+                toolgate.replayed = outcome.replayed,
+                toolgate.decision = outcome.decision.map(|decision| decision.as_str()),
+                toolgate.risk = outcome.risk.map(|risk| risk.as_str()),
+                toolgate.pending_invocation_id = outcome.pending_invocation_id.as_deref(),
+                "error.type" = error_type,
+                otel.status_code = status_code,
+            );
         }
         Err(error) => {
-            span.record("error.type", request_error_type(error));
-            span.record("otel.status_code", "error");
+            tracing::record_all!(
+                span,
+                "error.type" = request_error_type(error),
+                otel.status_code = "error",
+            );
         }
     }
 }
@@ -144,10 +140,13 @@ pub(crate) fn record_decision(policy: &Span, call: &Span, decision: &PolicyDecis
         return;
     }
     let ids = decision.policy_ids.join(",");
-    policy.record("toolgate.decision", decision.decision.as_str());
-    policy.record("toolgate.risk", decision.risk.as_str());
-    policy.record("toolgate.policy_ids", ids.as_str());
-    policy.record("toolgate.policy_version", decision.policy_version);
+    tracing::record_all!(
+        policy,
+        toolgate.decision = decision.decision.as_str(),
+        toolgate.risk = decision.risk.as_str(),
+        toolgate.policy_ids = ids.as_str(),
+        toolgate.policy_version = decision.policy_version,
+    );
     call.record("toolgate.policy_ids", ids.as_str());
 }
 
