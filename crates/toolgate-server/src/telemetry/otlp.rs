@@ -370,9 +370,13 @@ impl EncodedSpan {
     pub(crate) fn new(mut span: SpanRecord) -> EncodedSpan {
         let mut out = std::mem::take(&mut span.attributes).into_encoded();
         let attributes = out.len();
-        let rest = span_len(&span);
+        let times = Times {
+            start: unix_nanos(span.start),
+            end: unix_nanos(span.end),
+        };
+        let rest = span_len(&span, times);
         out.reserve_exact(rest);
-        put_span(&mut out, &span);
+        put_span(&mut out, &span, times);
         debug_assert_eq!(
             out.len(),
             attributes + rest,
@@ -388,8 +392,16 @@ impl EncodedSpan {
     }
 }
 
+/// A span's start and end, in nanoseconds since the Unix epoch: converted once, for both
+/// [`span_len`] and [`put_span`].
+#[derive(Clone, Copy)]
+struct Times {
+    start: u64,
+    end: u64,
+}
+
 /// The size of a `Span` message's fields but its attributes, as [`put_span`] writes them.
-fn span_len(span: &SpanRecord) -> usize {
+fn span_len(span: &SpanRecord, times: Times) -> usize {
     let context = &span.context;
     let mut len = optional_len(context.trace_id.0.len())
         + optional_len(context.span_id.0.len())
@@ -399,8 +411,8 @@ fn span_len(span: &SpanRecord) -> usize {
         // kind: a tag and a one-byte enumeration value
         + 2
         // start and end: a tag and eight bytes each, when not zero
-        + fixed64_len(unix_nanos(span.start))
-        + fixed64_len(unix_nanos(span.end))
+        + fixed64_len(times.start)
+        + fixed64_len(times.end)
         + span.links.iter().map(|link| field_len(link_len(link))).sum::<usize>()
         // flags: a tag (field 16 takes two bytes) and four bytes
         + 6;
@@ -437,7 +449,7 @@ fn flags(sampled: bool, remote: bool) -> u32 {
 }
 
 /// One `Span` message's fields but its attributes ([`span_len`] is their size).
-fn put_span(out: &mut impl BufMut, span: &SpanRecord) {
+fn put_span(out: &mut impl BufMut, span: &SpanRecord, times: Times) {
     let context = &span.context;
     put::bytes(out, 1, &context.trace_id.0);
     put::bytes(out, 2, &context.span_id.0);
@@ -453,8 +465,8 @@ fn put_span(out: &mut impl BufMut, span: &SpanRecord) {
     // Every kind is 1 to 5: one byte.
     out.put_u8(6 << 3);
     out.put_u8(span.kind as u8);
-    put::fixed64(out, 7, unix_nanos(span.start));
-    put::fixed64(out, 8, unix_nanos(span.end));
+    put::fixed64(out, 7, times.start);
+    put::fixed64(out, 8, times.end);
     for link in &span.links {
         put::len(out, 13, link_len(link));
         put::bytes(out, 1, &link.trace_id.0);
@@ -542,9 +554,8 @@ mod put {
         }
 
         pub(super) fn fixed64(&mut self, value: u64) -> &mut Prefix {
-            for byte in value.to_le_bytes() {
-                self.byte(byte);
-            }
+            self.bytes[self.len..self.len + 8].copy_from_slice(&value.to_le_bytes());
+            self.len += 8;
             self
         }
 
@@ -694,6 +705,26 @@ impl Attributes {
             _ => 0,
         };
         self.encoded.reserve(key.len() + text + 36);
+        if let Payload::Text(text) = payload {
+            // The usual attribute, a short name and a short text, takes one byte for each
+            // length: written in four pieces, without working the lengths out as varints.
+            let any = 2 + text.len();
+            let kv = 2 + key.len() + 2 + any;
+            if let (Ok(kv), Ok(any), Ok(key_len), Ok(text_len)) = (
+                u8::try_from(kv),
+                u8::try_from(any),
+                u8::try_from(key.len()),
+                u8::try_from(text.len()),
+            ) && kv < 0x80
+            {
+                let encoded = &mut self.encoded;
+                encoded.extend_from_slice(&[ATTRIBUTE_TAG, kv, 1 << 3 | put::LEN, key_len]);
+                encoded.extend_from_slice(key.as_bytes());
+                encoded.extend_from_slice(&[2 << 3 | put::LEN, any, 1 << 3 | put::LEN, text_len]);
+                encoded.extend_from_slice(text);
+                return;
+            }
+        }
         key_value(&mut self.encoded, ATTRIBUTES, key, payload);
     }
 
@@ -1030,6 +1061,30 @@ mod tests {
                 .iter()
                 .all(|span| span.attributes[0].value == text(&long))
         );
+    }
+
+    #[test]
+    fn attributes_of_every_length_near_one_length_byte_decode_with_the_official_proto() {
+        use opentelemetry_proto::tonic::trace::v1::Span;
+        // A `KeyValue` of key k and text t takes 6 + k + t bytes: one length byte each up to
+        // 127, two past it, for the key, the text and the whole pair.
+        for key_len in [1, 20, 60, 120, 121, 127, 128, 130] {
+            for text_len in [
+                0, 1, 59, 60, 61, 100, 117, 121, 122, 126, 127, 128, 129, 300,
+            ] {
+                let key = "k".repeat(key_len);
+                let value = "v".repeat(text_len);
+                let set = attributes(&[("first", Value::Int(1)), (&key, Value::Text(&value))]);
+                let span = Span::decode(set.encoded()).unwrap();
+                assert_eq!(span.attributes.len(), 2, "key {key_len}, text {text_len}");
+                assert_eq!(span.attributes[1].key, key);
+                assert_eq!(
+                    span.attributes[1].value,
+                    text(&value),
+                    "key {key_len}, text {text_len}"
+                );
+            }
+        }
     }
 
     #[test]
