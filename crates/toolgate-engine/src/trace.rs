@@ -25,27 +25,28 @@ use crate::outcome::{ExecuteOutcome, ResumeOutcome};
 /// (`execute_tool {gen_ai.tool.name}`) and the call's ids are recorded once they are known to
 /// be safe to keep (see [`record_call`]).
 pub(crate) fn call_span(tenant: &str) -> Span {
+    // The fields recorded later come first: `record_all!` finds each by name, from the first.
     tracing::debug_span!(
         target: "toolgate::call",
         "execute_tool",
-        otel.name = Empty,
-        otel.kind = "internal",
-        otel.status_code = Empty,
-        gen_ai.operation.name = "execute_tool",
-        gen_ai.tool.name = Empty,
-        gen_ai.tool.type = "extension",
-        gen_ai.tool.call.id = Empty,
-        gen_ai.conversation.id = Empty,
-        "error.type" = Empty,
-        toolgate.tenant = tenant,
-        toolgate.tool_call_id = Empty,
+        toolgate.outcome = Empty,
+        toolgate.attempts = Empty,
+        toolgate.replayed = Empty,
         toolgate.decision = Empty,
         toolgate.risk = Empty,
-        toolgate.policy_ids = Empty,
-        toolgate.attempts = Empty,
-        toolgate.outcome = Empty,
-        toolgate.replayed = Empty,
         toolgate.pending_invocation_id = Empty,
+        "error.type" = Empty,
+        otel.status_code = Empty,
+        otel.name = Empty,
+        gen_ai.tool.name = Empty,
+        gen_ai.conversation.id = Empty,
+        toolgate.tool_call_id = Empty,
+        gen_ai.tool.call.id = Empty,
+        toolgate.policy_ids = Empty,
+        otel.kind = "internal",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.type = "extension",
+        toolgate.tenant = tenant,
     )
 }
 
