@@ -655,7 +655,26 @@ impl Payload<'_> {
 }
 
 /// One `KeyValue` as field `field` of its message (the key is always written).
+#[inline]
 fn key_value(out: &mut impl BufMut, field: u8, key: &str, value: Payload<'_>) {
+    if let Payload::Text(text) = value {
+        // The usual attribute, a short name and a short text: below 128 bytes in all, each
+        // length is its one byte, and it is written in four pieces with no varint to work out.
+        let any = 2 + text.len();
+        let kv = 2 + key.len() + 2 + any;
+        if let (Ok(kv @ 0..0x80), Ok(any), Ok(key_len), Ok(text_len)) = (
+            u8::try_from(kv),
+            u8::try_from(any),
+            u8::try_from(key.len()),
+            u8::try_from(text.len()),
+        ) {
+            out.put_slice(&[field << 3 | put::LEN, kv, 1 << 3 | put::LEN, key_len]);
+            out.put_slice(key.as_bytes());
+            out.put_slice(&[2 << 3 | put::LEN, any, 1 << 3 | put::LEN, text_len]);
+            out.put_slice(text);
+            return;
+        }
+    }
     let any = value.len();
     let kv = field_len(key.len()) + field_len(any);
     put::Prefix::default()
@@ -705,26 +724,6 @@ impl Attributes {
             _ => 0,
         };
         self.encoded.reserve(key.len() + text + 36);
-        if let Payload::Text(text) = payload {
-            // The usual attribute, a short name and a short text, takes one byte for each
-            // length: written in four pieces, without working the lengths out as varints.
-            let any = 2 + text.len();
-            let kv = 2 + key.len() + 2 + any;
-            if let (Ok(kv), Ok(any), Ok(key_len), Ok(text_len)) = (
-                u8::try_from(kv),
-                u8::try_from(any),
-                u8::try_from(key.len()),
-                u8::try_from(text.len()),
-            ) && kv < 0x80
-            {
-                let encoded = &mut self.encoded;
-                encoded.extend_from_slice(&[ATTRIBUTE_TAG, kv, 1 << 3 | put::LEN, key_len]);
-                encoded.extend_from_slice(key.as_bytes());
-                encoded.extend_from_slice(&[2 << 3 | put::LEN, any, 1 << 3 | put::LEN, text_len]);
-                encoded.extend_from_slice(text);
-                return;
-            }
-        }
         key_value(&mut self.encoded, ATTRIBUTES, key, payload);
     }
 
