@@ -157,7 +157,7 @@ impl Engine {
         trace::record_call(span, &call.record, call.name.as_ref());
         // The refusal and approval paths are boxed: the state of a future is that of its
         // largest path, and every call would otherwise carry theirs.
-        let admitted = match self.admit(&mut call, arguments).await {
+        let admitted = match self.admit(&mut call, arguments, span).await {
             Ok(admitted) => admitted,
             Err(Stop::Refused(refusal)) => return Box::pin(self.refuse(call, refusal)).await,
             Err(Stop::Failed(error)) => return Err(error),
@@ -198,17 +198,19 @@ impl Engine {
         self.run_connector(execution).await
     }
 
-    /// Steps 2 to 6: the checks a call passes before anything is written for it.
+    /// Steps 2 to 6: the checks a call passes before anything is written for it (`span` is
+    /// the call's).
     async fn admit(
         &self,
         call: &mut Call,
         arguments: Result<Value, String>,
+        span: &tracing::Span,
     ) -> Result<Admitted, Stop> {
         self.kill_switch(call).await?;
         let name = self.manifest(call)?;
         let tool = self.resolve(&name)?;
         let arguments = self.validate(&name, arguments)?;
-        let decided = self.policy(call, &name, &tool, &arguments).await?;
+        let decided = self.policy(call, &name, &tool, &arguments, span).await?;
         Ok(Admitted {
             name,
             tool,

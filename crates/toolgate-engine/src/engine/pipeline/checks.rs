@@ -103,14 +103,16 @@ impl Engine {
         })
     }
 
-    /// Step 6: the tenant's policy decides. The decision is kept on the call; a block leaves a
-    /// POLICY_DENIED pending invocation that only a Reject resolves.
+    /// Step 6: the tenant's policy decides. The decision is kept on the call (and the deciding
+    /// policies on its span, `span`); a block leaves a POLICY_DENIED pending invocation that
+    /// only a Reject resolves.
     pub(super) async fn policy(
         &self,
         call: &mut Call,
         name: &ToolName,
         tool: &Tool,
         arguments: &Value,
+        span: &tracing::Span,
     ) -> Result<Decided, Stop> {
         let policy = match self.tenant_policy(&call.record.tenant).await? {
             PolicyState::Ready(policy) => policy,
@@ -134,7 +136,7 @@ impl Engine {
                 arguments,
             })
         });
-        trace::record_decision(&policy_span, &tracing::Span::current(), &decision);
+        trace::record_decision(&policy_span, span, &decision);
         let record = self.decision_record(&call.record, name, &decision);
         call.record.policy_decision_id = Some(record.id.clone());
         call.record.risk_level = Some(decision.risk);
