@@ -577,18 +577,17 @@ impl Subscriber for Recorder {
     fn exit(&self, span: &Id) {
         let _ = ENTERED.try_with(|entered| {
             let mut entered = entered.borrow_mut();
-            // Spans exit in the reverse order of entering, all but always: the last entry,
-            // taken off without moving the others.
-            if entered
-                .last()
-                .is_some_and(|(instance, id)| *instance == self.instance && id == span)
-            {
-                entered.pop();
-            } else if let Some(at) = entered
+            if let Some(at) = entered
                 .iter()
                 .rposition(|(instance, id)| *instance == self.instance && id == span)
             {
-                entered.remove(at);
+                // Spans exit in the reverse order of entering, all but always: the last entry
+                // is taken off without a move of the others.
+                if at + 1 == entered.len() {
+                    entered.pop();
+                } else {
+                    entered.remove(at);
+                }
             }
         });
     }
