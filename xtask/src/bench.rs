@@ -61,6 +61,10 @@
 //! - `--sweep`: also measures the gateway's closed-loop throughput at several concurrencies
 //!   (8 to 256), to pick `--concurrency`.
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
+//! - `--rounds N`: alternating rounds of the side-by-side comparisons (observing's cost,
+//!   `--compare`; default 6, quick 3). The rounds of a shared machine scatter by about ±9%, so
+//!   the summary gives the ratio's 95% confidence interval too; 24 rounds narrow it to about
+//!   ±3.5%.
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
 //! - `--compare BINARY`: only a change's effect: this tree's gateway against `BINARY`, a
@@ -164,6 +168,8 @@ struct Options {
     starts: usize,
     sweep: bool,
     quick: bool,
+    /// Alternating rounds of the side-by-side comparisons (`--rounds`); `None`: 6, quick 3.
+    rounds: Option<usize>,
     no_build: bool,
     echo_server: bool,
     otlp_sink: bool,
@@ -200,6 +206,7 @@ impl Options {
             starts: 5,
             sweep: false,
             quick: false,
+            rounds: None,
             no_build: false,
             echo_server: false,
             otlp_sink: false,
@@ -237,6 +244,7 @@ impl Options {
                 "--starts" => starts = Some(positive(name, &value("a number")?)?),
                 "--sweep" => options.sweep = true,
                 "--quick" => options.quick = true,
+                "--rounds" => options.rounds = Some(positive(name, &value("a number")?)?),
                 "--no-build" => options.no_build = true,
                 "--echo-server" => options.echo_server = true,
                 "--otlp-sink" => options.otlp_sink = true,
@@ -271,7 +279,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics]";
 
 /// `--rates`: offered rates, comma-separated, each above 0.
 fn rate_list(name: &str, text: &str) -> anyhow::Result<Vec<u32>> {
@@ -654,7 +662,8 @@ async fn measure_observed(
 }
 
 /// Two gateways side by side in alternating windows (quick: 3 rounds of 1 s; else 6 rounds
-/// of 3 s, each window after its own warm-up): what observing costs, or a change's effect.
+/// of 3 s, or `--rounds`, each window after its own warm-up): what observing costs, or a
+/// change's effect.
 async fn measure_overhead(
     options: &Options,
     own_binary: &Path,
@@ -665,6 +674,7 @@ async fn measure_overhead(
     } else {
         (6, Duration::from_secs(3), Duration::from_secs(1))
     };
+    let rounds = options.rounds.unwrap_or(rounds);
     let (base, measured) = pair.names();
     println!(
         "\n==> {measured} against {base}: two gateways side by side, {rounds} alternating rounds of {} s",
@@ -989,5 +999,16 @@ mod tests {
         }
         let error = parse(&["--rates"]).unwrap_err().to_string();
         assert!(error.contains("--rates needs calls per second"), "{error}");
+    }
+
+    #[test]
+    fn the_side_by_side_rounds_can_be_set() {
+        assert_eq!(parse(&[]).unwrap().rounds, None);
+        assert_eq!(parse(&["--rounds", "24"]).unwrap().rounds, Some(24));
+        let error = parse(&["--rounds", "0"]).unwrap_err().to_string();
+        assert!(
+            error.contains("--rounds must be a whole number above 0"),
+            "{error}"
+        );
     }
 }

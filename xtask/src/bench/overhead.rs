@@ -85,6 +85,47 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// Student's t for a two-sided 95% interval, by degrees of freedom (1 to 30); beyond 30 the
+/// normal distribution's 1.96 is within 4% of it.
+const T_95: [f64; 30] = [
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+    2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+    2.052, 2.048, 2.045, 2.042,
+];
+
+/// A ratio's geometric mean over the rounds, with its 95% confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Interval {
+    pub(crate) mean: f64,
+    pub(crate) low: f64,
+    pub(crate) high: f64,
+}
+
+/// The geometric mean of `ratios` and its 95% confidence interval: Student's t over their
+/// logarithms (a ratio's noise is multiplicative: a window a neighbour slowed by a tenth is
+/// 0.9, not 1 - 0.1 of anything else). `None` with fewer than two ratios or one that is not
+/// above 0 (a window without calls).
+fn interval(ratios: &[f64]) -> Option<Interval> {
+    if ratios.len() < 2
+        || ratios
+            .iter()
+            .any(|ratio| !(*ratio > 0.0 && ratio.is_finite()))
+    {
+        return None;
+    }
+    let count = u32::try_from(ratios.len()).ok()?;
+    let logs: Vec<f64> = ratios.iter().map(|ratio| ratio.ln()).collect();
+    let mean = logs.iter().sum::<f64>() / f64::from(count);
+    let variance = logs.iter().map(|log| (log - mean).powi(2)).sum::<f64>() / f64::from(count - 1);
+    let t = T_95.get(ratios.len() - 2).copied().unwrap_or(1.96);
+    let half = t * (variance / f64::from(count)).sqrt();
+    Some(Interval {
+        mean: mean.exp(),
+        low: (mean - half).exp(),
+        high: (mean + half).exp(),
+    })
+}
+
 /// Gateway CPU per successful call, in microseconds, over several windows.
 fn cpu_per_call<'a>(loops: impl Iterator<Item = &'a ClosedLoop>) -> f64 {
     let (time, calls) = loops.fold((Duration::ZERO, 0_u64), |(time, calls), window| {
@@ -101,6 +142,12 @@ impl Overhead {
     /// figure the 5% budget is held to.
     pub(crate) fn ratio(&self) -> f64 {
         median(self.rounds.iter().map(Round::ratio).collect())
+    }
+
+    /// The geometric mean of the rounds' ratios with its 95% confidence interval: how far the
+    /// median can be trusted on a machine whose windows scatter.
+    pub(crate) fn interval(&self) -> Option<Interval> {
+        interval(&self.rounds.iter().map(Round::ratio).collect::<Vec<_>>())
     }
 
     /// Median throughput of the base and of the measured gateway, calls/s.
@@ -141,8 +188,14 @@ impl Overhead {
             .iter()
             .map(|r| format!("{:.3}", r.ratio()))
             .collect();
+        let interval = self.interval().map_or(String::new(), |interval| {
+            format!(
+                ", geometric mean {:.3} with 95% confidence {:.3}-{:.3}",
+                interval.mean, interval.low, interval.high
+            )
+        });
         format!(
-            "{}, {} alternating rounds of {:.0} s on two gateways side by side: throughput {:.0} vs {:.0} calls/s, median ratio {:.3} (rounds {}); gateway CPU per call {:.0} vs {:.0} µs ({:+.0} µs, {:+.1}%); {} failed",
+            "{}, {} alternating rounds of {:.0} s on two gateways side by side: throughput {:.0} vs {:.0} calls/s, median ratio {:.3} (rounds {}){}; gateway CPU per call {:.0} vs {:.0} µs ({:+.0} µs, {:+.1}%); {} failed",
             self.what,
             self.rounds.len(),
             self.window.as_secs_f64(),
@@ -150,6 +203,7 @@ impl Overhead {
             base,
             self.ratio(),
             ratios.join(", "),
+            interval,
             measured_cpu,
             base_cpu,
             measured_cpu - base_cpu,
@@ -177,6 +231,11 @@ impl Overhead {
             "round_ratios": self.rounds.iter().map(Round::ratio).collect::<Vec<_>>(),
             "failed": self.failed(),
         });
+        if let Some(interval) = self.interval() {
+            figures["ratio_geometric_mean"] = serde_json::json!(interval.mean);
+            figures["ratio_95_low"] = serde_json::json!(interval.low);
+            figures["ratio_95_high"] = serde_json::json!(interval.high);
+        }
         for (key, value) in [
             (format!("throughput_{base_name}"), base),
             (format!("throughput_{measured_name}"), measured),
@@ -272,6 +331,25 @@ pub(crate) async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_interval_is_students_t_over_the_ratios_logarithms() {
+        // Six rounds of a run, against figures computed apart from this code.
+        let six = interval(&[1.182, 1.003, 1.020, 0.966, 0.949, 1.013]).unwrap();
+        assert!((six.mean - 1.019_519).abs() < 1e-5, "{six:?}");
+        assert!((six.low - 0.939_629).abs() < 1e-5, "{six:?}");
+        assert!((six.high - 1.106_201).abs() < 1e-5, "{six:?}");
+        // Two rounds: one degree of freedom, the widest t.
+        let two = interval(&[0.9, 1.1]).unwrap();
+        assert!((two.mean - 0.994_987).abs() < 1e-5, "{two:?}");
+        assert!(two.low < 0.3 && two.high > 3.0, "{two:?}");
+        // Identical rounds: no spread at all.
+        let same = interval(&[1.02; 40]).unwrap();
+        assert!((same.low - 1.02).abs() < 1e-12 && (same.high - 1.02).abs() < 1e-12);
+        // Nothing to say from one round, or from a window without calls.
+        assert_eq!(interval(&[1.0]), None);
+        assert_eq!(interval(&[1.0, 0.0, 1.1]), None);
+    }
 
     #[test]
     fn the_figures_are_keyed_by_the_gateways_names() {
