@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::bench::chart::{self, SweepPoint};
 use crate::bench::floor::CommitFloor;
 use crate::bench::load::{ClosedLoop, Latency, OpenLoop};
+use crate::bench::overhead::Interval;
 use crate::bench::process::{CpuUsage, StartupSample};
 use crate::bench::redaction::RedactionFigures;
 use crate::bench::scrape::LedgerWrites;
@@ -99,6 +100,9 @@ struct Check {
     /// For an upper limit, the least value this machine allows, measured without the gateway
     /// (the disk's light-load floor); `None` where no such bound is measured.
     floor: Option<f64>,
+    /// For a ratio of alternating rounds, its 95% confidence interval: whether the rounds'
+    /// scatter leaves the verdict open.
+    interval: Option<Interval>,
 }
 
 impl Check {
@@ -115,15 +119,29 @@ impl Check {
         !self.at_least && self.floor.is_some_and(|floor| floor > self.limit)
     }
 
-    /// What the table says after the target: the floor, when one was measured.
+    /// What the table says after the target: the floor, when one was measured, and a ratio's
+    /// confidence interval, when it has one.
     fn floor_note(&self) -> String {
-        match self.floor {
+        let mut note = match self.floor {
             Some(floor) if self.out_of_reach() => {
                 format!("; this machine's floor {floor:.2}: out of reach here")
             }
             Some(floor) => format!("; this machine's floor {floor:.2}"),
             None => String::new(),
+        };
+        if let Some(interval) = self.interval {
+            let open = if interval.low < self.limit && self.limit <= interval.high {
+                ": the rounds do not settle it"
+            } else {
+                ""
+            };
+            let _ = write!(
+                note,
+                "; 95% confidence {:.3}-{:.3}{open}",
+                interval.low, interval.high
+            );
         }
+        note
     }
 }
 
@@ -203,6 +221,7 @@ impl Report {
                 limit: 0.5,
                 at_least: true,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "gateway throughput",
@@ -211,6 +230,7 @@ impl Report {
                 limit: GATEWAY_THROUGHPUT_TARGET,
                 at_least: true,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "added p50 latency at the fixed rate",
@@ -219,6 +239,7 @@ impl Report {
                 limit: 0.5,
                 at_least: false,
                 floor: Some(millis(self.light_load_latency_floor())),
+                interval: None,
             },
             Check {
                 name: "added p99 latency at the fixed rate",
@@ -230,6 +251,7 @@ impl Report {
                 // come and go by the minute (1.4, 2.1 and 11.5 ms in three runs, once above
                 // the gateway's own added p99 in the same run), so it bounds nothing.
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "gateway CPU per call at the fixed rate",
@@ -238,6 +260,7 @@ impl Report {
                 limit: 150.0,
                 at_least: false,
                 floor: Some(self.light_load_floor()),
+                interval: None,
             },
             // agentgateway measured on this machine: 10.3k-11.8k MCP tool calls/s in front of a
             // Rust echo server, with no ledger.
@@ -248,6 +271,7 @@ impl Report {
                 limit: 11_800.0,
                 at_least: true,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "throughput traced+metrics / plain",
@@ -256,6 +280,7 @@ impl Report {
                 limit: 0.95,
                 at_least: true,
                 floor: None,
+                interval: self.overhead.interval(),
             },
             // The same cost as work, which the machine's load does not move (with callgrind).
             Check {
@@ -268,6 +293,7 @@ impl Report {
                 limit: 1.05,
                 at_least: false,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "gateway throughput on PostgreSQL",
@@ -279,6 +305,7 @@ impl Report {
                 limit: 8_000.0,
                 at_least: true,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "redaction per typical call",
@@ -287,6 +314,7 @@ impl Report {
                 limit: 20.0,
                 at_least: false,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "gateway peak RSS",
@@ -295,6 +323,7 @@ impl Report {
                 limit: 64.0,
                 at_least: false,
                 floor: None,
+                interval: None,
             },
             Check {
                 name: "start-up to healthy (median)",
@@ -303,6 +332,7 @@ impl Report {
                 limit: 100.0,
                 at_least: false,
                 floor: None,
+                interval: None,
             },
         ];
         checks
@@ -1026,6 +1056,7 @@ mod tests {
             limit: 150.0,
             at_least,
             floor,
+            interval: None,
         };
         let below = check(675.0, Some(367.5), false);
         assert!(!below.pass());
@@ -1042,6 +1073,35 @@ mod tests {
         assert_eq!(check(675.0, None, false).floor_note(), "");
         // A floor bounds only what must stay under a limit.
         assert!(!check(100.0, Some(200.0), true).out_of_reach());
+    }
+
+    #[test]
+    fn a_ratios_interval_says_whether_its_rounds_settle_the_target() {
+        let check = |low: f64, high: f64| Check {
+            name: "ratio",
+            value: 0.97,
+            unit: "",
+            limit: 0.95,
+            at_least: true,
+            floor: None,
+            interval: Some(Interval {
+                mean: f64::midpoint(low, high),
+                low,
+                high,
+            }),
+        };
+        assert_eq!(
+            check(0.917, 0.996).floor_note(),
+            "; 95% confidence 0.917-0.996: the rounds do not settle it"
+        );
+        assert_eq!(
+            check(0.961, 1.02).floor_note(),
+            "; 95% confidence 0.961-1.020"
+        );
+        assert_eq!(
+            check(0.88, 0.94).floor_note(),
+            "; 95% confidence 0.880-0.940"
+        );
     }
 
     #[test]
