@@ -18,7 +18,8 @@
 //! - the same SQLite gateway observed as in production: traces exported over OTLP to a sink in
 //!   its own process (every span, none sampled away) and metrics on: its closed and open loops,
 //!   and what observing costs, measured on two fresh gateways side by side (one plain, one
-//!   observed) called in alternating windows (`bench/overhead.rs`): the median ratio of their
+//!   observed) called in alternating windows, in two halves each led by the other gateway
+//!   (`bench/overhead.rs`): the median ratio of their
 //!   throughputs must stay at or above 0.95, and the CPU per call of each is shown.
 //!
 //! - the same gateway at offered rates from 500 to 20,000 calls/s (open loop, 3 s each):
