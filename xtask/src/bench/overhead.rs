@@ -259,26 +259,20 @@ enum Lead {
     Measured,
 }
 
-/// Starts the two gateways of `pair` (the observed one exporting to `sink`), `lead` first.
+/// Starts the two gateways of `pair`, `lead` first; the observed one of [`Pair::Observing`]
+/// with `observed_env` (where it exports its traces).
 fn start_pair(
     pair: Pair<'_>,
-    sink: Option<&process::EchoServer>,
+    observed_env: &[(&str, &str)],
     lead: Lead,
 ) -> anyhow::Result<(Gateway, Gateway)> {
     let start_base = || match pair {
         Pair::Observing(binary) => Gateway::start(binary, None, false, &[]),
         Pair::Builds { other, .. } => Gateway::start(other, None, false, &[]),
     };
-    let start_measured = || match (pair, sink) {
-        (Pair::Observing(binary), Some(sink)) => {
-            let env = [
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
-                ("OTEL_SERVICE_NAME", "toolgate-bench"),
-            ];
-            Gateway::start(binary, None, true, &env)
-        }
-        (Pair::Observing(_), None) => anyhow::bail!("the observed gateway needs the trace sink"),
-        (Pair::Builds { this, .. }, _) => Gateway::start(this, None, false, &[]),
+    let start_measured = || match pair {
+        Pair::Observing(binary) => Gateway::start(binary, None, true, observed_env),
+        Pair::Builds { this, .. } => Gateway::start(this, None, false, &[]),
     };
     Ok(match lead {
         Lead::Base => {
@@ -306,7 +300,8 @@ async fn transport_of(gateway: &Gateway, connections: usize) -> anyhow::Result<T
 /// itself, all 16 rounds of 3 s on one pair, measured 1.080 (95% confidence 1.030-1.132) for
 /// the one going second, and 0.923 (0.891-0.955) with every order swapped. Alternating which
 /// window comes first in each round does not cancel it; swapping the lead between two halves
-/// does, whatever causes it.
+/// does, whatever causes it. An odd count gives the second half the extra round, so only an
+/// even one balances the halves exactly (the default 6 does; `--quick`'s 3 does not).
 fn halves(rounds: usize) -> [(Lead, usize); 2] {
     let first = rounds / 2;
     [(Lead::Base, first), (Lead::Measured, rounds - first)]
@@ -328,6 +323,12 @@ pub(crate) async fn measure(
         Pair::Observing(_) => Some(process::spawn_sink(own_binary)?),
         Pair::Builds { .. } => None,
     };
+    let observed_env = sink.as_ref().map_or_else(Vec::new, |sink| {
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+            ("OTEL_SERVICE_NAME", "toolgate-bench"),
+        ]
+    });
     let names = pair.names();
     let mut overhead = Overhead {
         rounds: Vec::with_capacity(rounds),
@@ -339,7 +340,7 @@ pub(crate) async fn measure(
         if count == 0 {
             continue;
         }
-        let (base, measured) = start_pair(pair, sink.as_ref(), lead)?;
+        let (base, measured) = start_pair(pair, &observed_env, lead)?;
         let (base_transport, measured_transport) = match lead {
             Lead::Base => {
                 let base_transport = transport_of(&base, connections).await?;
