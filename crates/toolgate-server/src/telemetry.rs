@@ -372,8 +372,8 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Installs the process's subscriber. Must run inside the Tokio runtime when traces are on:
-    /// the exporter runs on it.
+    /// Installs the process's subscriber; with traces on, starts the exporter on its own
+    /// thread.
     pub fn install(settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
         let filter = tracing_subscriber::EnvFilter::builder()
             .parse(&settings.log_filter)

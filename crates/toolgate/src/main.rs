@@ -154,12 +154,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The trace exporter's channel lives on the runtime, so it is made inside it.
-    let installed = {
-        let _entered = runtime.enter();
-        toolgate_server::Telemetry::install(&telemetry)
-    };
-    let telemetry = match installed {
+    let telemetry = match toolgate_server::Telemetry::install(&telemetry) {
         Ok(telemetry) => telemetry,
         Err(err) => {
             eprintln!("error: {err}");

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf as _, BufMut};
-use tokio::sync::watch;
+use tokio::sync::{Notify, oneshot, watch};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataMap;
@@ -33,18 +33,24 @@ const EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Expor
 const HAS_IS_REMOTE: u32 = 0x100;
 const IS_REMOTE: u32 = 0x200;
 
-/// The running exporter.
+/// The running exporter: its own thread, with a single-threaded runtime of its own, as the
+/// OpenTelemetry SDK's batch span processor runs on a thread of its own. Sending a batch (the
+/// request's bytes, HTTP/2 framing, the socket writes) is then never work for the runtime that
+/// serves calls, and takes no turn from them on its worker.
 #[derive(Debug)]
 pub(crate) struct Exporter {
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// Resolves when the thread has exported what was queued and ended (or given up).
+    done: oneshot::Receiver<()>,
+    /// Tells the thread to stop at once: what it holds is lost.
+    abort: Arc<Notify>,
     losses: Arc<Losses>,
     queue: Arc<SpanQueue>,
 }
 
 impl Exporter {
     /// Starts exporting what `queue` collects to `export.endpoint` (connecting on the first
-    /// export). Must run inside the Tokio runtime.
+    /// export), on a thread of its own.
     pub(crate) fn start(
         export: &TraceExport,
         queue: Arc<SpanQueue>,
@@ -58,25 +64,54 @@ impl Exporter {
             })?
             .connect_timeout(export.timeout)
             .timeout(export.timeout);
-        let batches = Batches {
-            head: Arc::new(Head::new(export)),
-            headers: metadata(&export.headers)?,
-            endpoint: export.endpoint.clone(),
-            client: tonic::client::Grpc::new(endpoint.connect_lazy()),
-            failing: 0,
-            losses: Arc::new(Losses::default()),
-        };
-        let losses = Arc::clone(&batches.losses);
+        let headers = metadata(&export.headers)?;
+        let head = Arc::new(Head::new(export));
+        let losses = Arc::new(Losses::default());
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(
-            batches,
-            Arc::clone(&queue),
-            export.schedule_delay,
-            stopped,
-        ));
+        let (finished, done) = oneshot::channel();
+        let abort = Arc::new(Notify::new());
+        let cannot = |e: std::io::Error| {
+            TelemetryError(format!("cannot start the trace exporter's thread: {e}"))
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(cannot)?;
+        let work = {
+            let endpoint_text = export.endpoint.clone();
+            let losses = Arc::clone(&losses);
+            let queue = Arc::clone(&queue);
+            let abort = Arc::clone(&abort);
+            let delay = export.schedule_delay;
+            async move {
+                // The channel's connection task runs on this thread's runtime: made here.
+                let batches = Batches {
+                    head,
+                    headers,
+                    endpoint: endpoint_text,
+                    client: tonic::client::Grpc::new(endpoint.connect_lazy()),
+                    failing: 0,
+                    losses,
+                };
+                tokio::select! {
+                    () = run(batches, queue, delay, stopped) => {}
+                    () = abort.notified() => {}
+                }
+            }
+        };
+        std::thread::Builder::new()
+            .name("otlp-exporter".to_owned())
+            .spawn(move || {
+                runtime.block_on(work);
+                // Its connection tasks go with the runtime, before the end is reported.
+                drop(runtime);
+                let _ = finished.send(());
+            })
+            .map_err(cannot)?;
         Ok(Exporter {
             stop,
-            task,
+            done,
+            abort,
             queue,
             losses,
         })
@@ -84,13 +119,13 @@ impl Exporter {
 
     /// Exports what is queued and stops; waits at most `limit`. Returns the spans lost to
     /// failed exports (also logged).
-    pub(crate) async fn shutdown(self, limit: Duration) -> u64 {
+    pub(crate) async fn shutdown(mut self, limit: Duration) -> u64 {
         let _ = self.stop.send(true);
-        let mut task = self.task;
-        let ended = tokio::time::timeout(limit, &mut task).await;
+        let ended = tokio::time::timeout(limit, &mut self.done).await;
         if !matches!(ended, Ok(Ok(()))) {
-            // Not done in time (or it panicked): what it held and what is still queued is lost.
-            task.abort();
+            // Not done in time (or its thread died): what it held and what is still queued is
+            // lost.
+            self.abort.notify_one();
             let held = self.losses.in_flight.swap(0, Ordering::Relaxed);
             let queued = u64::try_from(self.queue.take(usize::MAX).len()).unwrap_or(u64::MAX);
             self.losses
