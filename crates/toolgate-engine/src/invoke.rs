@@ -21,17 +21,17 @@ pub(crate) enum Invocation {
 
 /// Invokes `connector` on its own task and races it against `timeout`. The separate task means
 /// the deadline holds even if the connector blocks its thread or never yields, and a panic
-/// surfaces as a join error instead of unwinding through the engine.
+/// surfaces as a join error instead of unwinding through the engine. The task runs in `span`.
 pub(crate) async fn invoke(
     connector: Arc<dyn Connector>,
     ctx: InvocationContext,
     tool: ToolName,
     arguments: Value,
     timeout: Duration,
+    span: tracing::Span,
 ) -> Invocation {
-    // The task runs in the caller's span (the connector's), so vendor requests are its
-    // children.
-    let span = tracing::Span::current();
+    // The task runs in `span` (the connector's), so vendor requests are its children; the span
+    // ends with the task.
     let mut task =
         tokio::spawn(async move { connector.invoke(ctx, &tool, arguments).await }.instrument(span));
     match tokio::time::timeout(timeout, &mut task).await {

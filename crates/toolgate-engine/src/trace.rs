@@ -161,6 +161,32 @@ pub(crate) async fn timed<F: std::future::Future>(span: Span, work: F) -> F::Out
     output
 }
 
+/// Runs `work` inside `span`, borrowed: entered on every poll, as `Instrument` does, without
+/// the clone of the span an owned instrument would need while the caller also records on it
+/// (a clone and its drop are each a trip through the subscriber's span table).
+pub(crate) fn in_span<F: std::future::Future + Unpin>(span: &Span, work: F) -> InSpan<'_, F> {
+    InSpan { span, work }
+}
+
+/// See [`in_span`].
+pub(crate) struct InSpan<'a, F> {
+    span: &'a Span,
+    work: F,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for InSpan<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = &mut *self;
+        let _entered = this.span.enter();
+        std::pin::Pin::new(&mut this.work).poll(cx)
+    }
+}
+
 /// One ledger commit of a call; `operation` names it (`requested`, `running`, `finish`, ...).
 pub(crate) fn ledger_span(operation: &'static str) -> Span {
     tracing::debug_span!(target: "toolgate::call", "ledger.commit", toolgate.ledger.operation = operation)

@@ -14,7 +14,6 @@ use toolgate_ledger::{
     NewAuditEvent, PendingInvocation, PolicyDecisionRecord, RunRecord, ToolCallRecord,
 };
 use toolgate_policy::PolicyDecision;
-use tracing::Instrument as _;
 
 mod checks;
 mod execution;
@@ -119,9 +118,7 @@ impl Engine {
         // The pipeline's future is large (every step's state); boxed, it is built once in place
         // and never copied again as the futures around it (the span, the gRPC handler, the
         // server's task) are created and moved.
-        let answer = Box::pin(self.steps(&request, &span))
-            .instrument(span.clone())
-            .await;
+        let answer = trace::in_span(&span, Box::pin(self.steps(&request, &span))).await;
         trace::record_outcome(&span, &answer);
         let report = match &answer {
             Ok(outcome) => CallReport {

@@ -11,7 +11,7 @@ use toolgate_ledger::{
     ResolvePending, ToolCallRecord,
 };
 
-use tracing::{Instrument as _, warn};
+use tracing::warn;
 
 use super::Engine;
 use super::pipeline::{Execution, Tool};
@@ -36,7 +36,7 @@ impl Engine {
             ResumeDecision::Continue => "continue",
         };
         let span = trace::decision_span(action, request.tenant.as_str());
-        let outcome = self.decide(request, &span).instrument(span.clone()).await;
+        let outcome = trace::in_span(&span, Box::pin(self.decide(request, &span))).await;
         trace::record_resume(&span, &outcome);
         outcome
     }

@@ -9,7 +9,7 @@ use toolgate_core::{
     ErrorCode, InvocationContext, SecretError, Secrets, ToolCallStatus, ToolError, ToolSpec,
 };
 use toolgate_ledger::{FinishCall, ToolCallRecord};
-use tracing::{Instrument as _, warn};
+use tracing::warn;
 
 use super::{Tool, Verdict};
 use crate::engine::Engine;
@@ -95,8 +95,8 @@ impl Engine {
             tool.spec.name.clone(),
             arguments,
             timeout,
+            trace::connector_span(&tool.spec.name, timeout.as_millis()),
         )
-        .instrument(trace::connector_span(&tool.spec.name, timeout.as_millis()))
         .await;
         let elapsed = started.elapsed();
         self.observer
