@@ -73,6 +73,8 @@
 //!   change), both plain, in the same alternating windows, then (unless `--no-instructions`)
 //!   each one's instructions per call under callgrind. Throughput and CPU of separate runs
 //!   minutes apart differ by tens of percent on a shared machine; side by side they do not.
+//! - `--observed`: with `--compare`, both gateways export their traces (to the sink) and serve
+//!   metrics: what a change does to an observed gateway, such as one to the span recorder.
 //! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
 //! - `--light-only`: only the light load: the disk's floor, then the echo server and the
 //!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call.
@@ -178,6 +180,8 @@ struct Options {
     overhead_only: bool,
     /// `--compare`: the other build's gateway binary.
     compare: Option<PathBuf>,
+    /// `--observed`: with `--compare`, both gateways export traces and serve metrics.
+    observed: bool,
     postgres_only: bool,
     light_only: bool,
     rates_only: bool,
@@ -214,6 +218,7 @@ impl Options {
             redaction_only: false,
             overhead_only: false,
             compare: None,
+            observed: false,
             postgres_only: false,
             light_only: false,
             rates_only: false,
@@ -261,6 +266,7 @@ impl Options {
                 "--instructions" => options.instructions = Count::Always,
                 "--no-instructions" => options.instructions = Count::Never,
                 "--metrics" => options.metrics = true,
+                "--observed" => options.observed = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
         }
@@ -280,7 +286,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics] [--observed]";
 
 /// `--rates`: offered rates, comma-separated, each above 0.
 fn rate_list(name: &str, text: &str) -> anyhow::Result<Vec<u32>> {
@@ -355,6 +361,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             Some(other) => side_by_side(Pair::Builds {
                 this: &gateway_binary,
                 other,
+                observed: options.observed,
             })?,
             None => observing()?,
         };

@@ -82,6 +82,17 @@ pub(crate) fn profile(name: &str) -> String {
     format!("callgrind-{}.out", name.replace(' ', "-"))
 }
 
+/// The environment of a gateway exporting its traces to `sink`, on the exporter's default
+/// schedule (batches of 512, or what waited 5 s), as a gateway runs it: the counting waits out
+/// one schedule before zeroing and before dumping, so the warm-up's spans are not counted and
+/// the counted calls' are.
+fn observed_env(sink: &process::EchoServer) -> [(&'static str, &str); 2] {
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+        ("OTEL_SERVICE_NAME", "toolgate-bench"),
+    ]
+}
+
 /// Counts `calls` calls on each gateway of `pair`; their profiles are copied into `keep`.
 pub(crate) async fn measure(
     own_binary: &Path,
@@ -99,22 +110,32 @@ pub(crate) async fn measure(
     let (base, measured) = match pair {
         Pair::Observing(gateway) => {
             let sink = process::spawn_sink(own_binary)?;
-            // The exporter's default schedule (batches of 512, or what waited 5 s), as a
-            // gateway runs it: the counting waits out one schedule before zeroing and before
-            // dumping, so the warm-up's spans are not counted and the counted calls' are.
-            let env = [
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
-                ("OTEL_SERVICE_NAME", "toolgate-bench"),
-            ];
+            let env = observed_env(&sink);
             (
                 count(gateway, false, &[], calls, &keep.join(profile(names.0))).await?,
                 count(gateway, true, &env, calls, &keep.join(profile(names.1))).await?,
             )
         }
-        Pair::Builds { this, other } => (
+        Pair::Builds {
+            this,
+            other,
+            observed: false,
+        } => (
             count(other, false, &[], calls, &keep.join(profile(names.0))).await?,
             count(this, false, &[], calls, &keep.join(profile(names.1))).await?,
         ),
+        Pair::Builds {
+            this,
+            other,
+            observed: true,
+        } => {
+            let sink = process::spawn_sink(own_binary)?;
+            let env = observed_env(&sink);
+            (
+                count(other, true, &env, calls, &keep.join(profile(names.0))).await?,
+                count(this, true, &env, calls, &keep.join(profile(names.1))).await?,
+            )
+        }
     };
     Ok(Instructions {
         calls,

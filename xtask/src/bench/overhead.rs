@@ -22,8 +22,13 @@ pub(crate) enum Pair<'a> {
     /// One build twice: plain (no traces, no metrics) as the base, and observed (traces
     /// exported to the sink, metrics on).
     Observing(&'a Path),
-    /// Two builds, both plain: `other` (a build of another commit) as the base, and `this`.
-    Builds { this: &'a Path, other: &'a Path },
+    /// Two builds: `other` (a build of another commit) as the base, and `this`; both plain, or
+    /// both observed (`--observed`: what a change does to a gateway that exports its traces).
+    Builds {
+        this: &'a Path,
+        other: &'a Path,
+        observed: bool,
+    },
 }
 
 impl Pair<'_> {
@@ -39,7 +44,12 @@ impl Pair<'_> {
     fn what(self) -> &'static str {
         match self {
             Pair::Observing(_) => "traces exported and metrics on vs off",
-            Pair::Builds { .. } => "this build vs the other",
+            Pair::Builds {
+                observed: false, ..
+            } => "this build vs the other",
+            Pair::Builds { observed: true, .. } => {
+                "this build vs the other, both exporting traces with metrics on"
+            }
         }
     }
 }
@@ -266,13 +276,18 @@ fn start_pair(
     observed_env: &[(&str, &str)],
     lead: Lead,
 ) -> anyhow::Result<(Gateway, Gateway)> {
+    let env_if = |observed: bool| if observed { observed_env } else { &[] };
     let start_base = || match pair {
         Pair::Observing(binary) => Gateway::start(binary, None, false, &[]),
-        Pair::Builds { other, .. } => Gateway::start(other, None, false, &[]),
+        Pair::Builds {
+            other, observed, ..
+        } => Gateway::start(other, None, observed, env_if(observed)),
     };
     let start_measured = || match pair {
         Pair::Observing(binary) => Gateway::start(binary, None, true, observed_env),
-        Pair::Builds { this, .. } => Gateway::start(this, None, false, &[]),
+        Pair::Builds { this, observed, .. } => {
+            Gateway::start(this, None, observed, env_if(observed))
+        }
     };
     Ok(match lead {
         Lead::Base => {
@@ -320,8 +335,12 @@ pub(crate) async fn measure(
     connections: usize,
 ) -> anyhow::Result<Overhead> {
     let sink = match pair {
-        Pair::Observing(_) => Some(process::spawn_sink(own_binary)?),
-        Pair::Builds { .. } => None,
+        Pair::Observing(_) | Pair::Builds { observed: true, .. } => {
+            Some(process::spawn_sink(own_binary)?)
+        }
+        Pair::Builds {
+            observed: false, ..
+        } => None,
     };
     let observed_env = sink.as_ref().map_or_else(Vec::new, |sink| {
         vec![
@@ -436,6 +455,7 @@ mod tests {
                 Pair::Builds {
                     this: binary,
                     other: binary,
+                    observed: false,
                 },
                 ["throughput_other_build", "cpu_per_call_us_this_build"],
             ),
