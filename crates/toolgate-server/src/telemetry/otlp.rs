@@ -180,9 +180,7 @@ async fn run(
             if batch.is_empty() {
                 break;
             }
-            batches
-                .send(batch.into_iter().map(EncodedSpan::new).collect())
-                .await;
+            batches.send(batch).await;
         }
         if stopping {
             return;
@@ -396,10 +394,10 @@ fn optional_len(body: usize) -> usize {
     if body == 0 { 0 } else { field_len(body) }
 }
 
-/// A closed span, as the body of its OTLP `Span` message: encoded on the exporter's thread as
-/// its batch is taken from the queue, so a call's thread only records. Its attributes come
-/// first, as they were recorded (already `KeyValue`s), then its other fields (protobuf's fields
-/// may come in any order).
+/// A closed span, as the body of its OTLP `Span` message: encoded as it closes, while its
+/// record is still in the cache, so the queue holds compact bytes and a batch's request is a
+/// copy of them. Its attributes come first, as they were recorded, then its other fields
+/// (protobuf's fields may come in any order).
 #[derive(Debug)]
 pub(crate) struct EncodedSpan(Vec<u8>);
 
@@ -1033,7 +1031,7 @@ mod tests {
         let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
         let start = UNIX_EPOCH + Duration::from_secs(1);
         for _ in 0..3 {
-            queue.push(record(start));
+            queue.push(EncodedSpan::new(record(start)));
         }
         (exporter, queue)
     }

@@ -1,8 +1,7 @@
 //! The span recorder: the process's `tracing` subscriber while traces are on. It keeps what
 //! an exported span needs (ids, parent, name, kind, status, times, attributes, links) in one
 //! small record per span, queues the record of each sampled span when it closes, for the
-//! exporter (`otlp.rs`) to encode in batches on its own thread, and hands every event to the
-//! log subscriber.
+//! exporter (`otlp.rs`) to encode in batches, and hands every event to the log subscriber.
 //!
 //! It replaces a general bridge to an OpenTelemetry SDK (a builder and context per span, a
 //! context attached on every poll, a second conversion to the SDK's span data) and then a
@@ -31,7 +30,7 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_core::span::Current;
 
 use super::Sampler;
-use super::otlp::{Attributes as OtlpAttributes, Value};
+use super::otlp::{Attributes as OtlpAttributes, EncodedSpan, Value};
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Metadata, Subscriber};
 
@@ -207,7 +206,7 @@ impl Visit for Fields<'_> {
 /// counted rather than letting memory grow while the collector is away.
 #[derive(Debug)]
 pub(crate) struct SpanQueue {
-    spans: Mutex<VecDeque<SpanRecord>>,
+    spans: Mutex<VecDeque<EncodedSpan>>,
     capacity: usize,
     /// The queue's length at which the exporter is woken before its schedule.
     batch: usize,
@@ -226,7 +225,7 @@ impl SpanQueue {
         }
     }
 
-    pub(crate) fn push(&self, span: SpanRecord) {
+    pub(crate) fn push(&self, span: EncodedSpan) {
         let mut spans = self
             .spans
             .lock()
@@ -245,7 +244,7 @@ impl SpanQueue {
     }
 
     /// Takes up to `max` of the oldest spans.
-    pub(crate) fn take(&self, max: usize) -> Vec<SpanRecord> {
+    pub(crate) fn take(&self, max: usize) -> Vec<EncodedSpan> {
         let mut spans = self
             .spans
             .lock()
@@ -503,7 +502,7 @@ impl Subscriber for Recorder {
             start: now,
             end: now,
             // Room for the usual attribute (a name and a short value) each, and for the rest
-            // of the span, written after them on the exporter's thread (`EncodedSpan`).
+            // of the span, written after them when it closes (`EncodedSpan`).
             attributes: OtlpAttributes::with_capacity(
                 metadata.fields().len() * 48 + 96 + metadata.name().len(),
             ),
@@ -624,7 +623,7 @@ impl Subscriber for Recorder {
         drop(table);
         if record.context.sampled {
             record.end = SystemTime::now();
-            self.queue.push(record);
+            self.queue.push(EncodedSpan::new(record));
         }
         true
     }
@@ -657,7 +656,6 @@ fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::otlp::EncodedSpan;
     use opentelemetry_proto::tonic::common::v1::any_value;
     use opentelemetry_proto::tonic::trace::v1::{Span, span, status};
     use prost::Message as _;
@@ -667,8 +665,8 @@ mod tests {
     fn decoded(queue: &SpanQueue) -> Vec<Span> {
         queue
             .take(usize::MAX)
-            .into_iter()
-            .map(|span| Span::decode(EncodedSpan::new(span).bytes()).unwrap())
+            .iter()
+            .map(|span| Span::decode(span.bytes()).unwrap())
             .collect()
     }
 
