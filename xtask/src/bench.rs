@@ -282,6 +282,9 @@ impl Options {
         if let Some(starts) = starts {
             options.starts = starts;
         }
+        if options.observed && options.compare.is_none() {
+            bail!("--observed compares two builds: it needs --compare BINARY\n{USAGE}");
+        }
         Ok(options)
     }
 }
@@ -1007,6 +1010,16 @@ mod tests {
         }
         let error = parse(&["--rates"]).unwrap_err().to_string();
         assert!(error.contains("--rates needs calls per second"), "{error}");
+    }
+
+    #[test]
+    fn observed_builds_need_a_build_to_compare() {
+        let options = parse(&["--compare", "/tmp/other", "--observed"]).unwrap();
+        assert!(options.observed);
+        assert_eq!(options.compare.as_deref(), Some(Path::new("/tmp/other")));
+        assert!(!parse(&["--compare", "/tmp/other"]).unwrap().observed);
+        let error = parse(&["--observed"]).unwrap_err().to_string();
+        assert!(error.contains("--observed compares two builds"), "{error}");
     }
 
     #[test]

@@ -82,17 +82,6 @@ pub(crate) fn profile(name: &str) -> String {
     format!("callgrind-{}.out", name.replace(' ', "-"))
 }
 
-/// The environment of a gateway exporting its traces to `sink`, on the exporter's default
-/// schedule (batches of 512, or what waited 5 s), as a gateway runs it: the counting waits out
-/// one schedule before zeroing and before dumping, so the warm-up's spans are not counted and
-/// the counted calls' are.
-fn observed_env(sink: &process::EchoServer) -> [(&'static str, &str); 2] {
-    [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
-        ("OTEL_SERVICE_NAME", "toolgate-bench"),
-    ]
-}
-
 /// Counts `calls` calls on each gateway of `pair`; their profiles are copied into `keep`.
 pub(crate) async fn measure(
     own_binary: &Path,
@@ -107,36 +96,29 @@ pub(crate) async fn measure(
     }
     std::fs::create_dir_all(keep).with_context(|| format!("cannot create {}", keep.display()))?;
     let names = pair.names();
-    let (base, measured) = match pair {
-        Pair::Observing(gateway) => {
-            let sink = process::spawn_sink(own_binary)?;
-            let env = observed_env(&sink);
-            (
-                count(gateway, false, &[], calls, &keep.join(profile(names.0))).await?,
-                count(gateway, true, &env, calls, &keep.join(profile(names.1))).await?,
-            )
-        }
-        Pair::Builds {
-            this,
-            other,
-            observed: false,
-        } => (
-            count(other, false, &[], calls, &keep.join(profile(names.0))).await?,
-            count(this, false, &[], calls, &keep.join(profile(names.1))).await?,
-        ),
-        Pair::Builds {
-            this,
-            other,
-            observed: true,
-        } => {
-            let sink = process::spawn_sink(own_binary)?;
-            let env = observed_env(&sink);
-            (
-                count(other, true, &env, calls, &keep.join(profile(names.0))).await?,
-                count(this, true, &env, calls, &keep.join(profile(names.1))).await?,
-            )
-        }
+    // The exporter's default schedule (batches of 512, or what waited 5 s), as a gateway runs
+    // it: the counting waits out one schedule before zeroing and before dumping, so the
+    // warm-up's spans are not counted and the counted calls' are.
+    let sink = if pair.exports_traces() {
+        Some(process::spawn_sink(own_binary)?)
+    } else {
+        None
     };
+    let observed_env = sink.as_ref().map(process::observed_env);
+    // Base first, then the measured gateway, each with its own profile.
+    let mut counted = [0.0; 2];
+    for ((binary, observed), (name, instructions)) in pair
+        .gateways()
+        .into_iter()
+        .zip([names.0, names.1].into_iter().zip(&mut counted))
+    {
+        let env = match &observed_env {
+            Some(env) if observed => &env[..],
+            _ => &[],
+        };
+        *instructions = count(binary, observed, env, calls, &keep.join(profile(name))).await?;
+    }
+    let [base, measured] = counted;
     Ok(Instructions {
         calls,
         base,

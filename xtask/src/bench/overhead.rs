@@ -40,6 +40,27 @@ impl Pair<'_> {
         }
     }
 
+    /// The base's binary and the measured one's, each with whether it exports its traces (to
+    /// the sink) with metrics on.
+    pub(crate) fn gateways<'p>(self) -> [(&'p Path, bool); 2]
+    where
+        Self: 'p,
+    {
+        match self {
+            Pair::Observing(binary) => [(binary, false), (binary, true)],
+            Pair::Builds {
+                this,
+                other,
+                observed,
+            } => [(other, observed), (this, observed)],
+        }
+    }
+
+    /// Whether either gateway exports traces, so the pair needs the sink.
+    pub(crate) fn exports_traces(self) -> bool {
+        self.gateways().iter().any(|(_, observed)| *observed)
+    }
+
     /// What is compared, measured against base.
     fn what(self) -> &'static str {
         match self {
@@ -269,26 +290,17 @@ enum Lead {
     Measured,
 }
 
-/// Starts the two gateways of `pair`, `lead` first; the observed one of [`Pair::Observing`]
-/// with `observed_env` (where it exports its traces).
+/// Starts the two gateways of `pair`, `lead` first; each observed one with `observed_env`
+/// (where it exports its traces).
 fn start_pair(
     pair: Pair<'_>,
     observed_env: &[(&str, &str)],
     lead: Lead,
 ) -> anyhow::Result<(Gateway, Gateway)> {
-    let env_if = |observed: bool| if observed { observed_env } else { &[] };
-    let start_base = || match pair {
-        Pair::Observing(binary) => Gateway::start(binary, None, false, &[]),
-        Pair::Builds {
-            other, observed, ..
-        } => Gateway::start(other, None, observed, env_if(observed)),
-    };
-    let start_measured = || match pair {
-        Pair::Observing(binary) => Gateway::start(binary, None, true, observed_env),
-        Pair::Builds { this, observed, .. } => {
-            Gateway::start(this, None, observed, env_if(observed))
-        }
-    };
+    let [start_base, start_measured] = pair.gateways().map(|(binary, observed)| {
+        let env = if observed { observed_env } else { &[] };
+        move || Gateway::start(binary, None, observed, env)
+    });
     Ok(match lead {
         Lead::Base => {
             let base = start_base()?;
@@ -334,20 +346,13 @@ pub(crate) async fn measure(
     concurrency: usize,
     connections: usize,
 ) -> anyhow::Result<Overhead> {
-    let sink = match pair {
-        Pair::Observing(_) | Pair::Builds { observed: true, .. } => {
-            Some(process::spawn_sink(own_binary)?)
-        }
-        Pair::Builds {
-            observed: false, ..
-        } => None,
+    let sink = if pair.exports_traces() {
+        Some(process::spawn_sink(own_binary)?)
+    } else {
+        None
     };
-    let observed_env = sink.as_ref().map_or_else(Vec::new, |sink| {
-        vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
-            ("OTEL_SERVICE_NAME", "toolgate-bench"),
-        ]
-    });
+    let observed_env = sink.as_ref().map(process::observed_env);
+    let observed_env = observed_env.as_ref().map_or(&[][..], |env| &env[..]);
     let names = pair.names();
     let mut overhead = Overhead {
         rounds: Vec::with_capacity(rounds),
@@ -359,7 +364,7 @@ pub(crate) async fn measure(
         if count == 0 {
             continue;
         }
-        let (base, measured) = start_pair(pair, &observed_env, lead)?;
+        let (base, measured) = start_pair(pair, observed_env, lead)?;
         let (base_transport, measured_transport) = match lead {
             Lead::Base => {
                 let base_transport = transport_of(&base, connections).await?;
@@ -416,6 +421,23 @@ pub(crate) async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pair_says_which_gateways_export_traces() {
+        let (this, other) = (Path::new("this"), Path::new("other"));
+        let observing = Pair::Observing(this);
+        assert_eq!(observing.gateways(), [(this, false), (this, true)]);
+        assert!(observing.exports_traces());
+        for observed in [false, true] {
+            let builds = Pair::Builds {
+                this,
+                other,
+                observed,
+            };
+            assert_eq!(builds.gateways(), [(other, observed), (this, observed)]);
+            assert_eq!(builds.exports_traces(), observed);
+        }
+    }
 
     #[test]
     fn each_gateway_leads_half_of_the_rounds() {

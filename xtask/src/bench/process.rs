@@ -99,6 +99,14 @@ pub(crate) fn spawn_echo(binary: &Path) -> anyhow::Result<EchoServer> {
     })
 }
 
+/// The environment of a gateway exporting its traces to `sink`.
+pub(crate) fn observed_env(sink: &EchoServer) -> [(&'static str, &str); 2] {
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url.as_str()),
+        ("OTEL_SERVICE_NAME", "toolgate-bench"),
+    ]
+}
+
 /// Starts `binary bench --otlp-sink` and waits for its address; it reports the spans it
 /// received on standard error when it stops.
 pub(crate) fn spawn_sink(binary: &Path) -> anyhow::Result<EchoServer> {
