@@ -738,11 +738,23 @@ async fn measure_instructions(
     let keep = target_dir.join("bench");
     let counted = instructions::measure(own_binary, pair, calls, &keep).await?;
     println!("  {}", counted.summary());
+    let (base_profile, measured_profile) = (
+        keep.join(instructions::profile(base)),
+        keep.join(instructions::profile(measured)),
+    );
     println!(
         "  profiles: {} and {}",
-        keep.join(instructions::profile(base)).display(),
-        keep.join(instructions::profile(measured)).display()
+        base_profile.display(),
+        measured_profile.display()
     );
+    // Where the difference is: read from the profiles, so no session has to derive it by hand.
+    let differences = instructions::differences(&base_profile, &measured_profile, calls, 15)?;
+    if !differences.is_empty() {
+        println!("  own instructions per call by function, {measured} minus {base}:");
+        for difference in &differences {
+            println!("    {:+8.0}  {}", difference.per_call, difference.function);
+        }
+    }
     Ok(Some(counted))
 }
 

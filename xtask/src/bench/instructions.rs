@@ -10,8 +10,10 @@
 //! are zeroed, a fixed number of calls is made, and the counters are dumped
 //! (`callgrind_control`). The dumps are kept (`callgrind-plain.out` and `callgrind-observed.out`,
 //! or `callgrind-other-build.out` and `callgrind-this-build.out`) so that where the
-//! instructions go can be read with `callgrind_annotate`.
+//! instructions go can be read with `callgrind_annotate`, and the functions whose own
+//! instructions per call differ most between the two are listed from them ([`differences`]).
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -220,6 +222,102 @@ async fn read_dump(dir: &Path) -> anyhow::Result<u64> {
     bail!("callgrind wrote no complete dump at {}", dump.display())
 }
 
+/// Where two profiles' instructions differ: per function, the instructions it executes
+/// itself (not in what it calls) per call, measured minus base, largest first. Inlined code
+/// counts as its caller's, as callgrind sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Difference {
+    pub(crate) function: String,
+    pub(crate) per_call: f64,
+}
+
+/// The functions whose own instructions per call differ most between the profiles `base`
+/// and `measured` (each of `calls` calls): the `count` largest increases, then the `count`
+/// largest decreases; a difference below one instruction per call is left out.
+pub(crate) fn differences(
+    base: &Path,
+    measured: &Path,
+    calls: u64,
+    count: usize,
+) -> anyhow::Result<Vec<Difference>> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the profile {}", path.display()))
+            .map(|text| self_costs(&text))
+    };
+    let (base, mut measured) = (read(base)?, read(measured)?);
+    for (function, cost) in base {
+        *measured.entry(function).or_insert(0) -= cost;
+    }
+    let per_call = |cost: i128| cost as f64 / calls.max(1) as f64;
+    let mut all: Vec<Difference> = measured
+        .into_iter()
+        .map(|(function, cost)| Difference {
+            function,
+            per_call: per_call(cost),
+        })
+        .filter(|difference| difference.per_call.abs() >= 1.0)
+        .collect();
+    all.sort_by(|a, b| b.per_call.total_cmp(&a.per_call));
+    let increases = all.iter().take_while(|d| d.per_call > 0.0).take(count);
+    let decreases = all
+        .iter()
+        .rev()
+        .take_while(|d| d.per_call < 0.0)
+        .take(count);
+    Ok(increases.chain(decreases).cloned().collect())
+}
+
+/// The instructions each function of a callgrind profile executes itself, by name.
+///
+/// Callgrind's format: `fn=` names the function the cost lines below belong to, `cfn=` and
+/// `calls=` announce a call, and the cost line right after `calls=` is that call's inclusive
+/// cost (the callee's, counted again under it), which is skipped. A name is given once with
+/// a number, `(12) name`, and as `(12)` afterwards. A cost line is a position (a number,
+/// `+N`, `-N` or `*`) and then the event counts, instructions first.
+fn self_costs(profile: &str) -> HashMap<String, i128> {
+    let mut names = HashMap::new();
+    let mut costs: HashMap<String, i128> = HashMap::new();
+    let mut function: Option<&str> = None;
+    let mut inclusive_next = false;
+    for line in profile.lines() {
+        if let Some(spec) = line.strip_prefix("fn=") {
+            function = Some(function_name(&mut names, spec));
+        } else if let Some(spec) = line.strip_prefix("cfn=") {
+            // Only to learn the callee's name where it is given first.
+            function_name(&mut names, spec);
+        } else if line.starts_with("calls=") {
+            inclusive_next = true;
+        } else if line.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '+' | '-' | '*')) {
+            if std::mem::take(&mut inclusive_next) {
+                continue;
+            }
+            let instructions = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|count| count.parse::<i128>().ok());
+            if let (Some(function), Some(instructions)) = (function, instructions) {
+                *costs.entry(function.to_owned()).or_insert(0) += instructions;
+            }
+        }
+    }
+    costs
+}
+
+/// The function a `fn=` or `cfn=` line names, learning its number when it is given with one.
+fn function_name<'a>(names: &mut HashMap<&'a str, &'a str>, spec: &'a str) -> &'a str {
+    let spec = spec.trim();
+    match spec.strip_prefix('(').and_then(|rest| rest.split_once(')')) {
+        Some((id, "")) => names.get(id).copied().unwrap_or(spec),
+        Some((id, name)) => {
+            let name = name.trim_start();
+            names.insert(id, name);
+            name
+        }
+        None => spec,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,5 +332,47 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&echoed.stdout), "/tmp/it's $HOME");
+    }
+
+    /// A profile as callgrind writes one, with its name compression and a call's inclusive
+    /// cost under the caller.
+    const PROFILE: &str = "version: 1\ncreator: callgrind-3.19.0\npositions: line\nevents: Ir\n\
+        summary: 1000\n\nob=(1) /bin/gateway\nfl=(1) src/a.rs\nfn=(1) outer\n10 100\n+2 50\n\
+        cfl=(1)\ncfn=(2) inner\ncalls=3 20\n* 700\n-1 5\n\nfn=(2)\n20 600\n21 100\n\
+        fn=(3) other\n5 45\ntotals: 1000\n";
+
+    #[test]
+    fn a_profile_gives_each_function_its_own_instructions() {
+        let costs = self_costs(PROFILE);
+        assert_eq!(
+            costs.get("outer"),
+            Some(&155),
+            "the call's 700 are inner's, not outer's"
+        );
+        assert_eq!(costs.get("inner"), Some(&700));
+        assert_eq!(costs.get("other"), Some(&45));
+        assert_eq!(costs.values().sum::<i128>(), 900);
+    }
+
+    #[test]
+    fn differences_are_per_call_largest_first_increases_then_decreases() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base.out");
+        let measured = dir.path().join("measured.out");
+        std::fs::write(&base, PROFILE).unwrap();
+        let more = PROFILE
+            .replace("20 600", "20 800")
+            .replace("10 100", "10 110")
+            .replace("5 45", "5 5");
+        std::fs::write(&measured, more).unwrap();
+        let found = differences(&base, &measured, 10, 5).unwrap();
+        let found: Vec<(&str, f64)> = found
+            .iter()
+            .map(|d| (d.function.as_str(), d.per_call))
+            .collect();
+        assert_eq!(found, [("inner", 20.0), ("outer", 1.0), ("other", -4.0)]);
+        assert_eq!(differences(&base, &measured, 10, 1).unwrap().len(), 2);
+        let missing = differences(&dir.path().join("none.out"), &measured, 10, 5).unwrap_err();
+        assert!(format!("{missing:#}").contains("none.out"), "{missing:#}");
     }
 }
