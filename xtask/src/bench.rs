@@ -104,6 +104,7 @@ mod process;
 mod redaction;
 mod report;
 mod scrape;
+mod wal;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -421,8 +422,13 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     println!("\n==> echo server (the floor)");
     let echo = process::spawn_echo(&own_binary)?;
     let echo_target = Target::echo(&echo.url);
-    let (echo_closed, echo_open, _) =
-        runtime.block_on(measure_target(options, &echo_target, echo.pid(), None))?;
+    let (echo_closed, echo_open, _) = runtime.block_on(measure_target(
+        options,
+        &echo_target,
+        echo.pid(),
+        None,
+        None,
+    ))?;
     let echo_rss = process::peak_rss_kib(echo.pid())?;
     drop(echo);
 
@@ -439,6 +445,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         &gateway_target,
         gateway.pid(),
         gateway.metrics_url(),
+        gateway.sqlite_ledger().as_deref(),
     ))?;
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
 
@@ -450,6 +457,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         &mcp,
         "mcp-",
         gateway.pid(),
+        None,
         None,
     ))?;
     let mcp_rss = process::peak_rss_kib(gateway.pid())?;
@@ -660,7 +668,7 @@ async fn measure_observed(
     let gateway = Gateway::start(gateway_binary, None, true, &env)?;
     let target = gateway.prepare().await?;
     let (closed, open, ledger) =
-        measure_target(options, &target, gateway.pid(), gateway.metrics_url()).await?;
+        measure_target(options, &target, gateway.pid(), gateway.metrics_url(), None).await?;
     let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
     drop(gateway);
     drop(sink);
@@ -774,7 +782,7 @@ async fn measure_postgres(
         let target = gateway.prepare().await?;
         since = postgres::wal_position(url);
         let (closed, open, ledger) =
-            measure_target(options, &target, gateway.pid(), gateway.metrics_url()).await?;
+            measure_target(options, &target, gateway.pid(), gateway.metrics_url(), None).await?;
         let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
         Ok::<_, anyhow::Error>(TargetFigures {
             closed,
@@ -799,23 +807,41 @@ async fn measure_target(
     target: &Target,
     server_pid: u32,
     metrics_url: Option<&str>,
+    sqlite_ledger: Option<&Path>,
 ) -> anyhow::Result<(ClosedLoop, OpenLoop, Option<LedgerPhases>)> {
     let channels = load::connect(&target.url, options.connections).await?;
     let transport = Transport::Grpc(target.clone(), channels);
-    measure_transport(options, &transport, "", server_pid, metrics_url).await
+    measure_transport(
+        options,
+        &transport,
+        "",
+        server_pid,
+        metrics_url,
+        sqlite_ledger,
+    )
+    .await
 }
 
 /// The closed loop, then the open loop, over one transport; `phase` prefixes the calls'
 /// tool_use_ids (distinct per transport on one run, so none is a replay). With the server's
 /// `metrics_url`, also what each loop's calls cost its ledger (commits and batch sizes, from
-/// scrapes before and after each, warm-up included).
+/// scrapes before and after each, warm-up included). With the server's SQLite ledger file,
+/// also which tables and indexes each loop's last commits wrote pages of ([`wal`]).
 async fn measure_transport(
     options: &Options,
     transport: &Transport,
     phase: &str,
     server_pid: u32,
     metrics_url: Option<&str>,
+    sqlite_ledger: Option<&Path>,
 ) -> anyhow::Result<(ClosedLoop, OpenLoop, Option<LedgerPhases>)> {
+    let pages = |name: &str| -> anyhow::Result<()> {
+        if let Some(database) = sqlite_ledger {
+            let frames = wal::read(database)?;
+            println!("  ledger pages written, {name}: {}", frames.summary(8));
+        }
+        Ok(())
+    };
     let scrape = || metrics_url.map(scrape::scrape).transpose();
     let before_closed = scrape()?;
     let closed = load::closed_loop(
@@ -834,6 +860,7 @@ async fn measure_transport(
         closed.cpu.server_percent,
         closed.cpu.client_percent
     );
+    pages("closed loop")?;
     let before_open = scrape()?;
     let open = load::open_loop(
         transport,
@@ -851,6 +878,7 @@ async fn measure_transport(
         open.latency.p99.as_micros(),
         open.failed
     );
+    pages("open loop")?;
     let after_open = scrape()?;
     let ledger = match (before_closed, before_open, after_open) {
         (Some(a), Some(b), Some(c)) => {

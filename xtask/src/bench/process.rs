@@ -169,6 +169,12 @@ impl Gateway {
         })
     }
 
+    /// Its SQLite ledger's file, when it keeps its ledger in SQLite.
+    pub(crate) fn sqlite_ledger(&self) -> Option<PathBuf> {
+        let path = self.dir.path().join("toolgate.db");
+        path.exists().then_some(path)
+    }
+
     /// Where it serves its metrics, when started with them.
     pub(crate) fn metrics_url(&self) -> Option<&str> {
         self.metrics_url.as_deref()
