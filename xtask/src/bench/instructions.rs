@@ -297,11 +297,24 @@ fn self_costs(profile: &str) -> HashMap<String, i128> {
                 .nth(1)
                 .and_then(|count| count.parse::<i128>().ok());
             if let (Some(function), Some(instructions)) = (function, instructions) {
-                *costs.entry(function.to_owned()).or_insert(0) += instructions;
+                *costs
+                    .entry(recursion_level_dropped(function).to_owned())
+                    .or_insert(0) += instructions;
             }
         }
     }
     costs
+}
+
+/// `name` without the recursion level callgrind appends to a function called from itself
+/// (`parse'2`): a function's own instructions are one figure, however deep it ran.
+fn recursion_level_dropped(name: &str) -> &str {
+    match name.rsplit_once('\'') {
+        Some((base, level)) if !level.is_empty() && level.bytes().all(|b| b.is_ascii_digit()) => {
+            base
+        }
+        _ => name,
+    }
 }
 
 /// The function a `fn=` or `cfn=` line names, learning its number when it is given with one.
@@ -339,7 +352,7 @@ mod tests {
     const PROFILE: &str = "version: 1\ncreator: callgrind-3.19.0\npositions: line\nevents: Ir\n\
         summary: 1000\n\nob=(1) /bin/gateway\nfl=(1) src/a.rs\nfn=(1) outer\n10 100\n+2 50\n\
         cfl=(1)\ncfn=(2) inner\ncalls=3 20\n* 700\n-1 5\n\nfn=(2)\n20 600\n21 100\n\
-        fn=(3) other\n5 45\ntotals: 1000\n";
+        fn=(3) other\n5 45\nfn=(4) other'2\n6 5\ntotals: 1000\n";
 
     #[test]
     fn a_profile_gives_each_function_its_own_instructions() {
@@ -350,8 +363,15 @@ mod tests {
             "the call's 700 are inner's, not outer's"
         );
         assert_eq!(costs.get("inner"), Some(&700));
-        assert_eq!(costs.get("other"), Some(&45));
-        assert_eq!(costs.values().sum::<i128>(), 900);
+        assert_eq!(
+            costs.get("other"),
+            Some(&50),
+            "its recursion counts as itself"
+        );
+        assert_eq!(costs.values().sum::<i128>(), 905);
+        assert_eq!(recursion_level_dropped("<T as Tr>::f'2"), "<T as Tr>::f");
+        assert_eq!(recursion_level_dropped("f'"), "f'");
+        assert_eq!(recursion_level_dropped("f'x1"), "f'x1");
     }
 
     #[test]
