@@ -445,7 +445,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         &gateway_target,
         gateway.pid(),
         gateway.metrics_url(),
-        gateway.sqlite_ledger().as_deref(),
+        gateway.sqlite_ledger(),
     ))?;
     let gateway_rss = process::peak_rss_kib(gateway.pid())?;
 

@@ -132,8 +132,13 @@ pub(crate) struct Gateway {
     url: String,
     /// `http://127.0.0.1:PORT/metrics` when it serves metrics.
     metrics_url: Option<String>,
+    /// Its ledger's file, when it keeps its ledger in SQLite (in `dir`).
+    sqlite_ledger: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
+
+/// The SQLite ledger's file name in a gateway's directory.
+const SQLITE_LEDGER: &str = "toolgate.db";
 
 impl Gateway {
     /// Starts the gateway on a fresh database with a run budget large enough for the benchmark:
@@ -165,14 +170,14 @@ impl Gateway {
             guard,
             url: format!("http://{address}"),
             metrics_url,
+            sqlite_ledger: database.is_none().then(|| dir.path().join(SQLITE_LEDGER)),
             dir,
         })
     }
 
     /// Its SQLite ledger's file, when it keeps its ledger in SQLite.
-    pub(crate) fn sqlite_ledger(&self) -> Option<PathBuf> {
-        let path = self.dir.path().join("toolgate.db");
-        path.exists().then_some(path)
+    pub(crate) fn sqlite_ledger(&self) -> Option<&Path> {
+        self.sqlite_ledger.as_deref()
     }
 
     /// Where it serves its metrics, when started with them.
@@ -323,7 +328,7 @@ fn spawn_gateway(
         Some((url, schema)) => command
             .args(["serve", "--listen", listen, "--database", url])
             .env("TOOLGATE_DATABASE_SCHEMA", schema),
-        None => command.args(["serve", "--listen", listen, "--database", "toolgate.db"]),
+        None => command.args(["serve", "--listen", listen, "--database", SQLITE_LEDGER]),
     };
     // Only what `env` says: an `OTEL_*` variable of the bench's own environment would make
     // a plain gateway export traces.
