@@ -190,6 +190,9 @@ struct Options {
     rates: Vec<u32>,
     instructions: Count,
     metrics: bool,
+    /// `--runs`: the runs the load is spread over (each worker, or open-loop call, on run
+    /// `index % runs`); 1, as the benchmark always had, by default.
+    runs: usize,
 }
 
 /// Concurrencies tried by `--sweep`.
@@ -226,6 +229,7 @@ impl Options {
             rates: RATES.to_vec(),
             instructions: Count::WhenInstalled,
             metrics: false,
+            runs: 1,
         };
         let mut starts: Option<usize> = None;
         let mut rest = args.iter();
@@ -267,6 +271,7 @@ impl Options {
                 "--instructions" => options.instructions = Count::Always,
                 "--no-instructions" => options.instructions = Count::Never,
                 "--metrics" => options.metrics = true,
+                "--runs" => options.runs = positive(name, &value("a number of runs")?)?,
                 "--observed" => options.observed = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
@@ -290,7 +295,7 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics] [--observed]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics] [--observed] [--runs N]";
 
 /// `--rates`: offered rates, comma-separated, each above 0.
 fn rate_list(name: &str, text: &str) -> anyhow::Result<Vec<u32>> {
@@ -343,11 +348,12 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         .build()
         .context("cannot start the load client's runtime")?;
     println!(
-        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; client: release build, {} runtime thread(s)",
+        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; the gateways' calls on {} run(s); client: release build, {} runtime thread(s)",
         options.concurrency,
         options.connections,
         options.rate,
         options.duration.as_secs_f64(),
+        options.runs,
         options.client_threads
     );
 
@@ -434,7 +440,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     println!("\n==> gateway ({})", gateway_binary.display());
     let gateway = Gateway::start(&gateway_binary, None, options.metrics, &[])?;
-    let gateway_target = runtime.block_on(gateway.prepare())?;
+    let gateway_target = runtime.block_on(gateway.prepare(options.runs))?;
     let sweep = if options.sweep {
         runtime.block_on(sweep_concurrency(options, &gateway_target, gateway.pid()))?
     } else {
@@ -502,6 +508,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
             client_threads: options.client_threads,
             quick: options.quick,
             metrics: options.metrics,
+            runs: options.runs,
         },
         echo: TargetFigures {
             closed: echo_closed,
@@ -574,7 +581,7 @@ async fn measure_light_only(
     let echo_open = light_open_loop(options, &transport, echo.pid(), "echo").await?;
     drop(echo);
     let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
-    let target = gateway.prepare().await?;
+    let target = gateway.prepare(options.runs).await?;
     let channels = load::connect(&target.url, options.connections).await?;
     let transport = Transport::Grpc(target, channels);
     let gateway_open = light_open_loop(options, &transport, gateway.pid(), "gateway").await?;
@@ -599,7 +606,7 @@ async fn measure_rates_only(
     target_dir: &Path,
 ) -> anyhow::Result<()> {
     let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
-    let target = gateway.prepare().await?;
+    let target = gateway.prepare(options.runs).await?;
     let rates = sweep_rates(options, &target, gateway.pid()).await?;
     write_rates_chart(&rates, target_dir);
     Ok(())
@@ -666,7 +673,7 @@ async fn measure_observed(
         ("OTEL_SERVICE_NAME", "toolgate-bench"),
     ];
     let gateway = Gateway::start(gateway_binary, None, true, &env)?;
-    let target = gateway.prepare().await?;
+    let target = gateway.prepare(options.runs).await?;
     let (closed, open, ledger) =
         measure_target(options, &target, gateway.pid(), gateway.metrics_url(), None).await?;
     let peak_rss_kib = process::peak_rss_kib(gateway.pid())?;
@@ -705,8 +712,11 @@ async fn measure_overhead(
         rounds,
         window,
         warmup,
-        options.concurrency,
-        options.connections,
+        overhead::Shape {
+            concurrency: options.concurrency,
+            connections: options.connections,
+            runs: options.runs,
+        },
     )
     .await
 }
@@ -779,7 +789,7 @@ async fn measure_postgres(
     let gateway = Gateway::start(gateway_binary, Some((url, &schema)), true, &[])?;
     let mut since = None;
     let result = async {
-        let target = gateway.prepare().await?;
+        let target = gateway.prepare(options.runs).await?;
         since = postgres::wal_position(url);
         let (closed, open, ledger) =
             measure_target(options, &target, gateway.pid(), gateway.metrics_url(), None).await?;
@@ -1052,6 +1062,19 @@ mod tests {
         }
         let error = parse(&["--rates"]).unwrap_err().to_string();
         assert!(error.contains("--rates needs calls per second"), "{error}");
+    }
+
+    #[test]
+    fn the_load_is_on_one_run_unless_told_otherwise() {
+        assert_eq!(parse(&[]).unwrap().runs, 1);
+        assert_eq!(parse(&["--runs", "128"]).unwrap().runs, 128);
+        assert_eq!(parse(&["--runs=3"]).unwrap().runs, 3);
+        for bad in ["0", "x", "-1"] {
+            let error = parse(&["--runs", bad]).unwrap_err().to_string();
+            assert!(error.contains("--runs"), "{bad:?}: {error}");
+        }
+        let error = parse(&["--runs"]).unwrap_err().to_string();
+        assert!(error.contains("--runs needs a number of runs"), "{error}");
     }
 
     #[test]

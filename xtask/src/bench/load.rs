@@ -26,28 +26,54 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Target {
     pub(crate) url: String,
     authorization: MetadataValue<Ascii>,
+    /// The run this target's requests name.
     run_id: String,
+    /// Every run the load is spread over (`run_id` among them): a worker, or an open-loop
+    /// call, takes the run of its index ([`Target::for_caller`]).
+    runs: Arc<[String]>,
     tool: String,
 }
 
 impl Target {
-    pub(crate) fn new(url: &str, token: &str, run_id: &str, tool: &str) -> anyhow::Result<Target> {
+    /// A target calling `tool` on the first of `runs`, or, through [`Target::for_caller`], on
+    /// each of them in turn.
+    pub(crate) fn new(
+        url: &str,
+        token: &str,
+        runs: Vec<String>,
+        tool: &str,
+    ) -> anyhow::Result<Target> {
+        let Some(run_id) = runs.first().cloned() else {
+            bail!("a target needs at least one run");
+        };
         Ok(Target {
             url: url.to_owned(),
             authorization: bearer(token)?,
-            run_id: run_id.to_owned(),
+            run_id,
+            runs: runs.into(),
             tool: tool.to_owned(),
         })
     }
 
+    /// The target of worker or open-loop call `index`: the same, on run `index` modulo the
+    /// number of runs.
+    fn for_caller(&self, index: usize) -> Target {
+        Target {
+            run_id: self.runs[index % self.runs.len()].clone(),
+            ..self.clone()
+        }
+    }
+
     /// The echo server ignores the request; it gets one the size of the gateway's.
     pub(crate) fn echo(url: &str) -> Target {
+        let run_id = "run_0192f0c4e5a77c3a9b1d2e3f40516273".to_owned();
         Target {
             url: url.to_owned(),
             authorization: MetadataValue::from_static(
                 "Bearer tg_agent_0000000000000000000000000000000000000000000000000000",
             ),
-            run_id: "run_0192f0c4e5a77c3a9b1d2e3f40516273".to_owned(),
+            runs: Arc::from([run_id.clone()]),
+            run_id,
             tool: "testkit.noop".to_owned(),
         }
     }
@@ -144,7 +170,7 @@ impl Transport {
         match self {
             Transport::Grpc(target, channels) => Caller::Grpc(
                 AgentServiceClient::new(channels[index % channels.len()].clone()),
-                target.clone(),
+                target.for_caller(index),
             ),
             Transport::Mcp(client) => Caller::Mcp(Arc::clone(client)),
         }
@@ -500,5 +526,37 @@ async fn call(
 async fn join_all(handles: Vec<tokio::task::JoinHandle<()>>) {
     for handle in handles {
         let _ = handle.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_take_the_runs_in_turn() {
+        let runs = vec!["run_a".to_owned(), "run_b".to_owned(), "run_c".to_owned()];
+        let target = Target::new("http://127.0.0.1:1", "tg_token", runs, "testkit.noop").unwrap();
+        assert_eq!(target.run_id(), "run_a");
+        let taken: Vec<String> = (0..7)
+            .map(|index| target.for_caller(index).run_id().to_owned())
+            .collect();
+        assert_eq!(
+            taken,
+            [
+                "run_a", "run_b", "run_c", "run_a", "run_b", "run_c", "run_a"
+            ]
+        );
+        let request = target
+            .for_caller(4)
+            .request("use-1".to_owned())
+            .into_inner();
+        assert_eq!(request.run_id, "run_b");
+        assert_eq!(request.tool_use_id, "use-1");
+
+        let error = Target::new("http://127.0.0.1:1", "tg_token", Vec::new(), "testkit.noop")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("at least one run"), "{error}");
     }
 }

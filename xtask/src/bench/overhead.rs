@@ -313,10 +313,10 @@ fn start_pair(
     })
 }
 
-/// Gives `gateway` its tenant and run and connects to it.
-async fn transport_of(gateway: &Gateway, connections: usize) -> anyhow::Result<Transport> {
-    let target = gateway.prepare().await?;
-    let channels = load::connect(&target.url, connections).await?;
+/// Gives `gateway` its tenant and runs and connects to it.
+async fn transport_of(gateway: &Gateway, shape: Shape) -> anyhow::Result<Transport> {
+    let target = gateway.prepare(shape.runs).await?;
+    let channels = load::connect(&target.url, shape.connections).await?;
     Ok(Transport::Grpc(target, channels))
 }
 
@@ -334,17 +334,24 @@ fn halves(rounds: usize) -> [(Lead, usize); 2] {
     [(Lead::Base, first), (Lead::Measured, rounds - first)]
 }
 
-/// Runs `rounds` rounds of `window` each (after `warmup` per window) with `concurrency` calls
-/// in flight over `connections` connections per gateway, in two halves on two fresh pairs of
-/// gateways, each half led by the other gateway ([`halves`]).
+/// How the load is shaped: calls in flight, connections per gateway and runs they spread over.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) concurrency: usize,
+    pub(crate) connections: usize,
+    pub(crate) runs: usize,
+}
+
+/// Runs `rounds` rounds of `window` each (after `warmup` per window) with the load `shape` on
+/// each gateway, in two halves on two fresh pairs of gateways, each half led by the other
+/// gateway ([`halves`]).
 pub(crate) async fn measure(
     own_binary: &Path,
     pair: Pair<'_>,
     rounds: usize,
     window: Duration,
     warmup: Duration,
-    concurrency: usize,
-    connections: usize,
+    shape: Shape,
 ) -> anyhow::Result<Overhead> {
     let sink = if pair.exports_traces() {
         Some(process::spawn_sink(own_binary)?)
@@ -367,12 +374,12 @@ pub(crate) async fn measure(
         let (base, measured) = start_pair(pair, observed_env, lead)?;
         let (base_transport, measured_transport) = match lead {
             Lead::Base => {
-                let base_transport = transport_of(&base, connections).await?;
-                (base_transport, transport_of(&measured, connections).await?)
+                let base_transport = transport_of(&base, shape).await?;
+                (base_transport, transport_of(&measured, shape).await?)
             }
             Lead::Measured => {
-                let measured_transport = transport_of(&measured, connections).await?;
-                (transport_of(&base, connections).await?, measured_transport)
+                let measured_transport = transport_of(&measured, shape).await?;
+                (transport_of(&base, shape).await?, measured_transport)
             }
         };
         for round in 0..count {
@@ -381,7 +388,8 @@ pub(crate) async fn measure(
                 let transport = transport.clone();
                 let phase = phase.clone();
                 async move {
-                    load::closed_loop(&transport, &phase, concurrency, warmup, window, pid).await
+                    load::closed_loop(&transport, &phase, shape.concurrency, warmup, window, pid)
+                        .await
                 }
             };
             let base_first = (round % 2 == 0) == (lead == Lead::Base);

@@ -189,9 +189,10 @@ impl Gateway {
         self.guard.pid()
     }
 
-    /// Creates the tenant, agent, grant, flag, agent token and run through the admin API,
-    /// checks one call succeeds, and returns the target the load client drives.
-    pub(crate) async fn prepare(&self) -> anyhow::Result<Target> {
+    /// Creates the tenant, agent, grant, flag, agent token and `runs` runs through the admin
+    /// API, checks one call succeeds, and returns the target the load client drives (its
+    /// workers spread over the runs).
+    pub(crate) async fn prepare(&self, runs: usize) -> anyhow::Result<Target> {
         let admin_token = std::fs::read_to_string(self.dir.path().join("toolgate-admin.token"))
             .context("the gateway did not write its bootstrap admin token")?
             .trim()
@@ -263,19 +264,23 @@ impl Gateway {
             .token;
 
         let mut agent = AgentServiceClient::new(channel);
-        let run = agent
-            .create_run(authed(
-                pb::CreateRunRequest {
-                    agent_id: AGENT.into(),
-                    run_id: String::new(),
-                    max_calls: RUN_BUDGET,
-                },
-                &agent_token,
-            )?)
-            .await
-            .context("open the run")?
-            .into_inner();
-        let target = Target::new(&self.url, &agent_token, &run.run_id, TOOL)?;
+        let mut run_ids = Vec::with_capacity(runs);
+        for _ in 0..runs.max(1) {
+            let run = agent
+                .create_run(authed(
+                    pb::CreateRunRequest {
+                        agent_id: AGENT.into(),
+                        run_id: String::new(),
+                        max_calls: RUN_BUDGET,
+                    },
+                    &agent_token,
+                )?)
+                .await
+                .context("open a run")?
+                .into_inner();
+            run_ids.push(run.run_id);
+        }
+        let target = Target::new(&self.url, &agent_token, run_ids, TOOL)?;
         let check = agent
             .execute_tool(target.request("setup".to_owned()))
             .await

@@ -57,6 +57,8 @@ pub(crate) struct OptionsSummary {
     pub(crate) quick: bool,
     /// Whether the gateways served Prometheus metrics (`--metrics`).
     pub(crate) metrics: bool,
+    /// The runs each gateway's calls were spread over (`--runs`).
+    pub(crate) runs: usize,
 }
 
 /// One target's figures.
@@ -349,12 +351,13 @@ impl Report {
         let _ = writeln!(out, "\n==> results");
         let _ = writeln!(
             out,
-            "closed loop: {} calls in flight over {} HTTP/2 connections, {} s measured; open loop: {} calls/s for {} s; client: {} runtime thread(s){}{}",
+            "closed loop: {} calls in flight over {} HTTP/2 connections, {} s measured; open loop: {} calls/s for {} s; the gateways' calls on {} run(s); client: {} runtime thread(s){}{}",
             o.concurrency,
             o.connections,
             o.duration.as_secs_f64(),
             o.rate,
             o.duration.as_secs_f64(),
+            o.runs,
             o.client_threads,
             if o.quick { " (quick run)" } else { "" },
             if o.metrics {
@@ -732,6 +735,7 @@ impl Report {
                 "client_build": "release",
                 "quick": o.quick,
                 "metrics": o.metrics,
+                "runs": o.runs,
                 "tool": "testkit.noop",
                 "arguments": "{}",
             },
