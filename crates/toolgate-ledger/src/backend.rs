@@ -38,6 +38,27 @@ use crate::sql::{Db, Dialect, query};
 use crate::store::Store;
 use crate::verify::VerifyWith;
 
+/// A page of a run's calls on SQLite, which has one index of a run's calls, its idempotency
+/// key's (migration 0013): the page's `seq`s are picked from that index alone (each entry holds
+/// its row's `seq`, the rowid), and only the page's rows are read.
+pub(crate) const LIST_CALLS_SQLITE: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    " FROM tool_calls WHERE seq IN (SELECT seq FROM tool_calls \
+     WHERE tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
+     seq > (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2)) \
+     ORDER BY seq LIMIT $4) ORDER BY seq"
+);
+
+/// A page of a run's calls on PostgreSQL, read along its index in `seq` order.
+const LIST_CALLS_POSTGRES: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    " FROM tool_calls WHERE tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
+     seq > (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2)) \
+     ORDER BY seq LIMIT $4"
+);
+
 /// What a store of one backend provides to the shared [`Store`] implementation.
 pub(crate) trait Backend: Send + Sync + Debug + 'static {
     /// The read pool, as an executor.
@@ -557,19 +578,16 @@ impl<B: Backend> Store for B {
         after: Option<&ToolCallId>,
         limit: u32,
     ) -> Result<Vec<ToolCallRecord>, LedgerError> {
-        query(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM tool_calls WHERE tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
-             seq > (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2)) \
-             ORDER BY seq LIMIT $4"
-        ))
-        .bind(tenant.as_str())
-        .bind(run.as_str())
-        .bind(after.map(ToolCallId::as_str))
-        .bind(i64::from(limit))
-        .all(self.reader(), call_from_row)
-        .await
+        let list = match B::DIALECT {
+            Dialect::Sqlite => query(LIST_CALLS_SQLITE),
+            Dialect::Postgres => query(LIST_CALLS_POSTGRES),
+        };
+        list.bind(tenant.as_str())
+            .bind(run.as_str())
+            .bind(after.map(ToolCallId::as_str))
+            .bind(i64::from(limit))
+            .all(self.reader(), call_from_row)
+            .await
     }
 
     async fn list_running_calls(&self, limit: u32) -> Result<Vec<ToolCallRecord>, LedgerError> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions, Connection, Executor};
-use toolgate_core::ToolCallStatus;
+use toolgate_core::{ToolCallId, ToolCallStatus};
 
 use super::SqliteStore;
 use crate::error::LedgerError;
@@ -393,6 +393,98 @@ async fn sqlite_has_no_commit_feed() {
     // Only this process writes the file; its engine announces its own writes.
     let db = Db::sqlite().await;
     assert!(db.store().subscribe_commits().is_none());
+}
+
+// --- a run's calls --------------------------------------------------------------------------
+
+/// One index serves both what a run's calls are looked up by, their `tool_use_id`, and listing
+/// them in order (migration 0013): calls of two runs interleaved, with and without a
+/// `tool_use_id`, are listed page by page in the order they were recorded, and the list is read
+/// from that index (its `seq`s) and the table by rowid, never by scanning the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_calls_are_listed_in_order_from_its_one_index() {
+    let db = seeded(Backend::Sqlite, 100).await;
+    let store = db.store();
+    store.create_run(run("acme", "run-2", 100)).await.unwrap();
+    let mut expected = Vec::new();
+    for i in 0..7 {
+        // `tool_use_id`s out of their recording order, and every third call without one.
+        let use_id = (i % 3 != 2).then(|| format!("use-{}", 9 - i));
+        let id = format!("call-{i}");
+        store
+            .record_call(new_call("acme", "run-1", &id, use_id.as_deref()))
+            .await
+            .unwrap();
+        store
+            .record_call(new_call(
+                "acme",
+                "run-2",
+                &format!("other-{i}"),
+                use_id.as_deref(),
+            ))
+            .await
+            .unwrap();
+        expected.push(id);
+    }
+    let acme = tenant_id("acme");
+    let mut listed = Vec::new();
+    let mut after: Option<ToolCallId> = None;
+    loop {
+        let page = store
+            .list_tool_calls(&acme, &run_id("run-1"), after.as_ref(), 3)
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 3);
+        after = page.last().map(|call| call.id.clone());
+        listed.extend(page.into_iter().map(|call| call.id.to_string()));
+    }
+    assert_eq!(listed, expected);
+    // A repeated `tool_use_id` in the run is still refused as a replay, one in another run not.
+    assert!(matches!(
+        store
+            .record_call(new_call("acme", "run-1", "call-again", Some("use-9")))
+            .await
+            .unwrap(),
+        RecordOutcome::Duplicate(_)
+    ));
+
+    let path = db.sqlite_path();
+    db.close().await;
+    let mut conn = raw_connection(&path).await;
+    let led_by_run: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tool_calls' \
+         AND sql LIKE '%(run,%' ORDER BY name",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(led_by_run, ["tool_calls_run_tool_use_id"]);
+    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN QUERY PLAN {}",
+        crate::backend::LIST_CALLS_SQLITE
+    )))
+    .bind("acme")
+    .bind("run-1")
+    .bind(Option::<String>::None)
+    .bind(3_i64)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap_or_else(|error| panic!("no plan: {error}"))
+    .iter()
+    .map(|step| sqlx::Row::get::<String, _>(step, "detail"))
+    .collect();
+    assert!(
+        plan.iter().any(|step| step
+            .contains("USING COVERING INDEX tool_calls_run_tool_use_id (run=? AND tenant=?)")),
+        "{plan:?}"
+    );
+    assert!(
+        plan.iter().all(|step| !step.starts_with("SCAN")),
+        "{plan:?}"
+    );
 }
 
 // --- one owner per file ----------------------------------------------------------------------
