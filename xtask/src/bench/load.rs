@@ -64,6 +64,11 @@ impl Target {
         }
     }
 
+    /// Every run the load is spread over.
+    pub(crate) fn runs(&self) -> Arc<[String]> {
+        Arc::clone(&self.runs)
+    }
+
     /// The echo server ignores the request; it gets one the size of the gateway's.
     pub(crate) fn echo(url: &str) -> Target {
         let run_id = "run_0192f0c4e5a77c3a9b1d2e3f40516273".to_owned();
@@ -85,10 +90,6 @@ impl Target {
             .to_str()
             .context("the authorization is not text")?
             .to_owned())
-    }
-
-    pub(crate) fn run_id(&self) -> &str {
-        &self.run_id
     }
 
     pub(crate) fn tool(&self) -> &str {
@@ -537,9 +538,14 @@ mod tests {
     fn callers_take_the_runs_in_turn() {
         let runs = vec!["run_a".to_owned(), "run_b".to_owned(), "run_c".to_owned()];
         let target = Target::new("http://127.0.0.1:1", "tg_token", runs, "testkit.noop").unwrap();
-        assert_eq!(target.run_id(), "run_a");
         let taken: Vec<String> = (0..7)
-            .map(|index| target.for_caller(index).run_id().to_owned())
+            .map(|index| {
+                target
+                    .for_caller(index)
+                    .request(String::new())
+                    .into_inner()
+                    .run_id
+            })
             .collect();
         assert_eq!(
             taken,

@@ -9,7 +9,8 @@
 //! `toolgate/tool_use_id` per call; an answer counts when it is a result with
 //! `isError: false`.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -25,7 +26,9 @@ const PROTOCOL: &str = "2026-07-28";
 pub(crate) struct McpClient {
     address: String,
     authorization: String,
-    run_id: String,
+    /// The runs calls go to, each call on the next (`--runs`).
+    runs: Arc<[String]>,
+    next_run: AtomicUsize,
     /// The tool's MCP name.
     tool: String,
     idle: Mutex<Vec<TcpStream>>,
@@ -43,13 +46,15 @@ impl McpClient {
         Ok(McpClient {
             address,
             authorization: target.authorization()?,
-            run_id: target.run_id().to_owned(),
+            runs: target.runs(),
+            next_run: AtomicUsize::new(0),
             tool: target.tool().replace('.', "__"),
             idle: Mutex::new(Vec::new()),
         })
     }
 
     fn request(&self, tool_use_id: &str) -> Vec<u8> {
+        let run = &self.runs[self.next_run.fetch_add(1, Ordering::Relaxed) % self.runs.len()];
         let body = serde_json::json!({
             "jsonrpc": "2.0",
             "id": 1,
@@ -73,7 +78,7 @@ impl McpClient {
             self.address,
             self.authorization,
             self.tool,
-            self.run_id,
+            run,
             body.len()
         )
         .into_bytes()
@@ -175,4 +180,27 @@ async fn read_response(stream: &mut TcpStream) -> Result<(u16, bool, Vec<u8>), S
     }
     body.truncate(length);
     Ok((status, keep_alive, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_take_the_runs_in_turn() {
+        let runs = vec!["run_a".to_owned(), "run_b".to_owned()];
+        let target = Target::new("http://127.0.0.1:1", "tg_token", runs, "testkit.noop").unwrap();
+        let client = McpClient::new(&target).unwrap();
+        let taken: Vec<String> = (0..3)
+            .map(|call| {
+                let request = String::from_utf8(client.request(&format!("use-{call}"))).unwrap();
+                let header = request
+                    .lines()
+                    .find_map(|line| line.strip_prefix("Toolgate-Run-Id: "))
+                    .expect("the run header");
+                header.to_owned()
+            })
+            .collect();
+        assert_eq!(taken, ["run_a", "run_b", "run_a"]);
+    }
 }

@@ -411,19 +411,16 @@ async fn a_runs_calls_are_listed_in_order_from_its_one_index() {
         // `tool_use_id`s out of their recording order, and every third call without one.
         let use_id = (i % 3 != 2).then(|| format!("use-{}", 9 - i));
         let id = format!("call-{i}");
-        store
-            .record_call(new_call("acme", "run-1", &id, use_id.as_deref()))
-            .await
-            .unwrap();
-        store
-            .record_call(new_call(
-                "acme",
-                "run-2",
-                &format!("other-{i}"),
-                use_id.as_deref(),
-            ))
-            .await
-            .unwrap();
+        // The same `tool_use_id` in another run is another call, not a replay.
+        for (run, id) in [("run-1", id.clone()), ("run-2", format!("other-{i}"))] {
+            assert_eq!(
+                store
+                    .record_call(new_call("acme", run, &id, use_id.as_deref()))
+                    .await
+                    .unwrap(),
+                RecordOutcome::Recorded
+            );
+        }
         expected.push(id);
     }
     let acme = tenant_id("acme");
@@ -442,13 +439,13 @@ async fn a_runs_calls_are_listed_in_order_from_its_one_index() {
         listed.extend(page.into_iter().map(|call| call.id.to_string()));
     }
     assert_eq!(listed, expected);
-    // A repeated `tool_use_id` in the run is still refused as a replay, one in another run not.
+    // A repeated `tool_use_id` in the run is still a replay of the call that has it.
     assert!(matches!(
         store
             .record_call(new_call("acme", "run-1", "call-again", Some("use-9")))
             .await
             .unwrap(),
-        RecordOutcome::Duplicate(_)
+        RecordOutcome::Duplicate(call) if call.id.as_str() == "call-0"
     ));
 
     let path = db.sqlite_path();
