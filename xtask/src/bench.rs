@@ -1071,7 +1071,10 @@ mod tests {
         assert_eq!(parse(&["--runs=3"]).unwrap().runs, 3);
         for bad in ["0", "x", "-1"] {
             let error = parse(&["--runs", bad]).unwrap_err().to_string();
-            assert!(error.contains("--runs"), "{bad:?}: {error}");
+            assert!(
+                error.contains("--runs must be a whole number above 0"),
+                "{bad:?}: {error}"
+            );
         }
         let error = parse(&["--runs"]).unwrap_err().to_string();
         assert!(error.contains("--runs needs a number of runs"), "{error}");

@@ -38,25 +38,33 @@ use crate::sql::{Db, Dialect, query};
 use crate::store::Store;
 use crate::verify::VerifyWith;
 
+/// Which of a run's calls a page of [`Store::list_tool_calls`] may hold: those of the run
+/// recorded after the cursor's call (`$3`), if one is given.
+macro_rules! run_page_calls {
+    () => {
+        "tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
+         seq > (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2))"
+    };
+}
+
 /// A page of a run's calls on SQLite, which has one index of a run's calls, its idempotency
 /// key's (migration 0013): the page's `seq`s are picked from that index alone (each entry holds
 /// its row's `seq`, the rowid), and only the page's rows are read.
 pub(crate) const LIST_CALLS_SQLITE: &str = concat!(
     "SELECT ",
     call_columns!(),
-    " FROM tool_calls WHERE seq IN (SELECT seq FROM tool_calls \
-     WHERE tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
-     seq > (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2)) \
-     ORDER BY seq LIMIT $4) ORDER BY seq"
+    " FROM tool_calls WHERE seq IN (SELECT seq FROM tool_calls WHERE ",
+    run_page_calls!(),
+    " ORDER BY seq LIMIT $4) ORDER BY seq"
 );
 
 /// A page of a run's calls on PostgreSQL, read along its index in `seq` order.
 const LIST_CALLS_POSTGRES: &str = concat!(
     "SELECT ",
     call_columns!(),
-    " FROM tool_calls WHERE tenant = $1 AND run = $2 AND (CAST($3 AS TEXT) IS NULL OR \
-     seq > (SELECT seq FROM tool_calls WHERE id = $3 AND tenant = $1 AND run = $2)) \
-     ORDER BY seq LIMIT $4"
+    " FROM tool_calls WHERE ",
+    run_page_calls!(),
+    " ORDER BY seq LIMIT $4"
 );
 
 /// What a store of one backend provides to the shared [`Store`] implementation.

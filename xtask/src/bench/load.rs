@@ -26,11 +26,11 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Target {
     pub(crate) url: String,
     authorization: MetadataValue<Ascii>,
-    /// The run this target's requests name.
-    run_id: String,
-    /// Every run the load is spread over (`run_id` among them): a worker, or an open-loop
-    /// call, takes the run of its index ([`Target::for_caller`]).
+    /// Every run the load is spread over: a worker, or an open-loop call, takes the run of its
+    /// index ([`Target::for_caller`]).
     runs: Arc<[String]>,
+    /// The run of `runs` this target's requests name.
+    run: usize,
     tool: String,
 }
 
@@ -43,13 +43,13 @@ impl Target {
         runs: Vec<String>,
         tool: &str,
     ) -> anyhow::Result<Target> {
-        let Some(run_id) = runs.first().cloned() else {
+        if runs.is_empty() {
             bail!("a target needs at least one run");
-        };
+        }
         Ok(Target {
             url: url.to_owned(),
             authorization: bearer(token)?,
-            run_id,
+            run: 0,
             runs: runs.into(),
             tool: tool.to_owned(),
         })
@@ -59,7 +59,7 @@ impl Target {
     /// number of runs.
     fn for_caller(&self, index: usize) -> Target {
         Target {
-            run_id: self.runs[index % self.runs.len()].clone(),
+            run: index % self.runs.len(),
             ..self.clone()
         }
     }
@@ -71,14 +71,13 @@ impl Target {
 
     /// The echo server ignores the request; it gets one the size of the gateway's.
     pub(crate) fn echo(url: &str) -> Target {
-        let run_id = "run_0192f0c4e5a77c3a9b1d2e3f40516273".to_owned();
         Target {
             url: url.to_owned(),
             authorization: MetadataValue::from_static(
                 "Bearer tg_agent_0000000000000000000000000000000000000000000000000000",
             ),
-            runs: Arc::from([run_id.clone()]),
-            run_id,
+            runs: Arc::from(["run_0192f0c4e5a77c3a9b1d2e3f40516273".to_owned()]),
+            run: 0,
             tool: "testkit.noop".to_owned(),
         }
     }
@@ -99,7 +98,7 @@ impl Target {
     /// An `ExecuteTool` request for `testkit.noop` with `{}` arguments.
     pub(crate) fn request(&self, tool_use_id: String) -> tonic::Request<pb::ExecuteToolRequest> {
         let mut request = tonic::Request::new(pb::ExecuteToolRequest {
-            run_id: self.run_id.clone(),
+            run_id: self.runs[self.run].clone(),
             tool_use_id,
             tool_name: self.tool.clone(),
             arguments_json: "{}".to_owned(),

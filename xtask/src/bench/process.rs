@@ -265,7 +265,7 @@ impl Gateway {
 
         let mut agent = AgentServiceClient::new(channel);
         let mut run_ids = Vec::with_capacity(runs);
-        for _ in 0..runs.max(1) {
+        for _ in 0..runs {
             let run = agent
                 .create_run(authed(
                     pb::CreateRunRequest {
