@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
 
 /// A 16-byte W3C trace id; never all zeros.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -174,15 +175,22 @@ pub enum Access<'a> {
     Link(SpanContext),
 }
 
-/// How libraries reach the span records of the application's recording subscriber: given the
-/// dispatcher and the span's id, carry out one [`Access`]. Installed once per process.
+/// How libraries reach the span records of the application's recording subscriber, given
+/// the dispatcher. Installed once per process.
 #[derive(Clone, Copy, Debug)]
-pub struct ContextAccess(pub fn(&tracing::Dispatch, &tracing::span::Id, Access<'_>));
+pub struct ContextAccess {
+    /// Carries out one [`Access`] on the span with this id.
+    pub span: fn(&tracing::Dispatch, &tracing::span::Id, Access<'_>),
+    /// The context of the span the caller is in (`None` when it records none).
+    pub current: fn(&tracing::Dispatch) -> Option<SpanContext>,
+    /// Records a [`Leaf`] that ended at the time given.
+    pub leaf: fn(&tracing::Dispatch, &Leaf, SystemTime),
+}
 
 static ACCESS: OnceLock<ContextAccess> = OnceLock::new();
 
 /// Installs the process's recording subscriber's access (the first installation wins; the same
-/// function installed again changes nothing).
+/// functions installed again change nothing).
 pub fn install_access(access: ContextAccess) {
     let _ = ACCESS.set(access);
 }
@@ -191,7 +199,7 @@ fn access(span: &tracing::Span, what: Access<'_>) {
     let Some(access) = ACCESS.get() else {
         return;
     };
-    span.with_subscriber(|(id, dispatch)| (access.0)(dispatch, id, what));
+    span.with_subscriber(|(id, dispatch)| (access.span)(dispatch, id, what));
 }
 
 /// The context of `span`, when a recording subscriber records it.
@@ -203,7 +211,8 @@ pub fn span_context(span: &tracing::Span) -> Option<SpanContext> {
 
 /// The context of the span the caller is in.
 pub fn current() -> Option<SpanContext> {
-    span_context(&tracing::Span::current())
+    let access = ACCESS.get()?;
+    tracing::dispatcher::get_default(|dispatch| (access.current)(dispatch))
 }
 
 /// Makes `parent` (a caller's remote context) the parent of the new root `span`.
@@ -214,6 +223,51 @@ pub fn set_parent(span: &tracing::Span, parent: SpanContext) {
 /// Links `span` to `other`.
 pub fn add_link(span: &tracing::Span, other: SpanContext) {
     access(span, Access::Link(other));
+}
+
+/// A leaf span's one attribute value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeafValue {
+    Text(&'static str),
+    Int(i64),
+}
+
+/// A span around one piece of work that makes no spans of its own (a ledger commit, a
+/// credential lookup): a child of the span current when it starts, ended when dropped, and
+/// handed to the recording subscriber as a whole then. It takes none of a `tracing` span's
+/// trips through the subscriber (a slot in its tables, a clone of the dispatcher, entering and
+/// leaving it): the recorder encodes it once, as it ends.
+#[derive(Debug)]
+pub struct Leaf {
+    /// The context of the span it is a child of (sampled: an unsampled one makes no leaf).
+    pub parent: SpanContext,
+    pub name: &'static str,
+    pub attribute: (&'static str, LeafValue),
+    pub start: SystemTime,
+}
+
+impl Leaf {
+    /// Starts a leaf under the current span; `None` (and nothing recorded) when no recording
+    /// subscriber records the current span or its trace is not sampled, and when there is no
+    /// current span: a leaf belongs to a traced operation.
+    pub fn start(name: &'static str, attribute: (&'static str, LeafValue)) -> Option<Leaf> {
+        let parent = current()?;
+        parent.sampled.then(|| Leaf {
+            parent,
+            name,
+            attribute,
+            start: SystemTime::now(),
+        })
+    }
+}
+
+impl Drop for Leaf {
+    fn drop(&mut self) {
+        let end = SystemTime::now();
+        if let Some(access) = ACCESS.get() {
+            tracing::dispatcher::get_default(|dispatch| (access.leaf)(dispatch, self, end));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -287,5 +341,6 @@ mod tests {
         let span = tracing::info_span!("anything");
         assert_eq!(span_context(&span), None);
         assert_eq!(current(), None);
+        assert!(Leaf::start("leaf", ("key", LeafValue::Int(1))).is_none());
     }
 }

@@ -3,16 +3,17 @@
 //! children: policy evaluation, ledger commits, credential resolution, the connector, and an
 //! approval's decision.
 //!
-//! These are plain `tracing` spans at debug level: the engine depends on no exporter. An
-//! application that installs a recording subscriber (the gateway does when
+//! These are plain `tracing` spans at debug level, and [`Leaf`] spans for the work that makes
+//! no spans of its own (ledger commits, credential resolution): the engine depends on no
+//! exporter. An application that installs a recording subscriber (the gateway does when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set) exports them; without one, and with logs at info, nothing
-//! subscribes to them and they cost what a disabled span costs. A span carries names, ids
-//! and codes only, never an argument or a result value.
+//! subscribes to them and they cost what a disabled span costs (a leaf, one atomic load). A
+//! span carries names, ids and codes only, never an argument or a result value.
 
 use tracing::Span;
 use tracing::field::Empty;
 
-use toolgate_core::trace::SpanContext;
+use toolgate_core::trace::{Leaf, LeafValue, SpanContext};
 
 use toolgate_core::{ToolCallStatus, ToolName};
 use toolgate_ledger::{PendingInvocation, ToolCallRecord};
@@ -151,13 +152,13 @@ pub(crate) fn record_decision(policy: &Span, call: &Span, decision: &PolicyDecis
     call.record("toolgate.policy_ids", ids.as_str());
 }
 
-/// Awaits `work` while `span` (a child of the current span, made by the caller) measures it,
-/// without entering the span: what runs under a ledger commit or a credential lookup makes no
-/// spans of its own, and an instrumented future enters and leaves its span on every poll and
-/// once more when dropped, each time through the subscriber. The span ends when the work does.
-pub(crate) async fn timed<F: std::future::Future>(span: Span, work: F) -> F::Output {
+/// Awaits `work` while `leaf` (a child of the current span, started by the caller) measures
+/// it: what runs under a ledger commit or a credential lookup makes no spans of its own, so
+/// its span is a [`Leaf`], recorded whole when it ends (when the work does, or is dropped)
+/// rather than a `tracing` span made, kept and closed through the subscriber.
+pub(crate) async fn timed<F: std::future::Future>(leaf: Option<Leaf>, work: F) -> F::Output {
     let output = work.await;
-    drop(span);
+    drop(leaf);
     output
 }
 
@@ -188,13 +189,22 @@ impl<F: std::future::Future + Unpin> std::future::Future for InSpan<'_, F> {
 }
 
 /// One ledger commit of a call; `operation` names it (`requested`, `running`, `finish`, ...).
-pub(crate) fn ledger_span(operation: &'static str) -> Span {
-    tracing::debug_span!(target: "toolgate::call", "ledger.commit", toolgate.ledger.operation = operation)
+pub(crate) fn ledger_span(operation: &'static str) -> Option<Leaf> {
+    Leaf::start(
+        "ledger.commit",
+        ("toolgate.ledger.operation", LeafValue::Text(operation)),
+    )
 }
 
 /// Resolving the credentials a tool declared (names only).
-pub(crate) fn credentials_span(count: usize) -> Span {
-    tracing::debug_span!(target: "toolgate::call", "credentials.resolve", toolgate.credentials = count)
+pub(crate) fn credentials_span(count: usize) -> Option<Leaf> {
+    Leaf::start(
+        "credentials.resolve",
+        (
+            "toolgate.credentials",
+            LeafValue::Int(i64::try_from(count).unwrap_or(i64::MAX)),
+        ),
+    )
 }
 
 /// The connector's invocation under the gateway's deadline; vendor HTTP attempts are its

@@ -475,7 +475,10 @@ fn link_len(link: &SpanContext) -> usize {
 
 fn unix_nanos(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, |since| {
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        since
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(since.subsec_nanos()))
     })
 }
 
@@ -483,25 +486,38 @@ fn flags(sampled: bool, remote: bool) -> u32 {
     u32::from(sampled) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 }
 }
 
-/// One `Span` message's fields but its attributes ([`span_len`] is their size).
+/// One `Span` message's fields but its attributes ([`span_len`] is their size). The fields of
+/// a fixed size (ids, kind, times, flags; 64 bytes at most) are gathered on the stack and
+/// written with one copy.
 fn put_span(out: &mut impl BufMut, span: &SpanRecord, times: Times) {
     let context = &span.context;
-    put::bytes(out, 1, &context.trace_id.0);
-    put::bytes(out, 2, &context.span_id.0);
+    let mut fixed = put::Prefix::<64>::with_room();
+    fixed
+        .len(1, context.trace_id.0.len())
+        .raw(&context.trace_id.0)
+        .len(2, context.span_id.0.len())
+        .raw(&context.span_id.0);
+    if let Some(parent) = &span.parent {
+        fixed.len(4, parent.0.len()).raw(&parent.0);
+    }
+    // Every kind is 1 to 5: one byte.
+    fixed.tag(6, put::VARINT).varint(span.kind as u64);
+    for (field, time) in [(7, times.start), (8, times.end)] {
+        if time != 0 {
+            fixed.tag(field, put::FIXED64).fixed64(time);
+        }
+    }
+    // Field 16 takes a two-byte tag.
+    fixed
+        .raw(&[16 << 3 | 5 | 0x80, 1])
+        .fixed32(flags(context.sampled, span.parent_remote));
+    fixed.write(out);
     put::bytes(
         out,
         3,
         context.trace_state.as_deref().unwrap_or("").as_bytes(),
     );
-    if let Some(parent) = &span.parent {
-        put::bytes(out, 4, &parent.0);
-    }
     put::bytes(out, 5, span.name.as_bytes());
-    // Every kind is 1 to 5: one byte.
-    out.put_u8(6 << 3);
-    out.put_u8(span.kind as u8);
-    put::fixed64(out, 7, times.start);
-    put::fixed64(out, 8, times.end);
     for link in &span.links {
         put::len(out, 13, link_len(link));
         put::bytes(out, 1, &link.trace_id.0);
@@ -520,9 +536,6 @@ fn put_span(out: &mut impl BufMut, span: &SpanRecord, times: Times) {
         out.put_u8(3 << 3);
         out.put_u8(span.status as u8);
     }
-    // Field 16 takes a two-byte tag.
-    out.put_slice(&[16 << 3 | 5 | 0x80, 1]);
-    out.put_u32_le(flags(context.sampled, span.parent_remote));
 }
 
 /// Protobuf's wire format, as much as the OTLP trace messages use: fields written to any
@@ -556,21 +569,37 @@ mod put {
     }
 
     /// A few tags and lengths gathered on the stack and written with one `put_slice` (a
-    /// byte at a time costs a capacity check and a call each).
-    #[derive(Default)]
-    pub(super) struct Prefix {
-        bytes: [u8; 24],
+    /// byte at a time costs a capacity check and a call each); `N` bytes at most.
+    pub(super) struct Prefix<const N: usize = 24> {
+        bytes: [u8; N],
         len: usize,
     }
 
-    impl Prefix {
-        fn byte(&mut self, byte: u8) -> &mut Prefix {
+    impl Default for Prefix {
+        fn default() -> Prefix {
+            Prefix {
+                bytes: [0; 24],
+                len: 0,
+            }
+        }
+    }
+
+    impl<const N: usize> Prefix<N> {
+        /// An empty prefix of `N` bytes at most.
+        pub(super) fn with_room() -> Prefix<N> {
+            Prefix {
+                bytes: [0; N],
+                len: 0,
+            }
+        }
+
+        fn byte(&mut self, byte: u8) -> &mut Prefix<N> {
             self.bytes[self.len] = byte;
             self.len += 1;
             self
         }
 
-        pub(super) fn varint(&mut self, mut value: u64) -> &mut Prefix {
+        pub(super) fn varint(&mut self, mut value: u64) -> &mut Prefix<N> {
             while value >= 0x80 {
                 self.byte((value & 0x7f).to_le_bytes()[0] | 0x80);
                 value >>= 7;
@@ -578,20 +607,29 @@ mod put {
             self.byte(value.to_le_bytes()[0])
         }
 
-        pub(super) fn tag(&mut self, field: u8, wire_type: u8) -> &mut Prefix {
+        pub(super) fn tag(&mut self, field: u8, wire_type: u8) -> &mut Prefix<N> {
             debug_assert!(field < 16, "field {field} takes a longer tag");
             self.byte(field << 3 | wire_type)
         }
 
         /// The tag and length of a length-delimited field whose body follows.
-        pub(super) fn len(&mut self, field: u8, len: usize) -> &mut Prefix {
+        pub(super) fn len(&mut self, field: u8, len: usize) -> &mut Prefix<N> {
             self.tag(field, LEN).varint(len as u64)
         }
 
-        pub(super) fn fixed64(&mut self, value: u64) -> &mut Prefix {
-            self.bytes[self.len..self.len + 8].copy_from_slice(&value.to_le_bytes());
-            self.len += 8;
+        /// Bytes as they are (a short field's body).
+        pub(super) fn raw(&mut self, data: &[u8]) -> &mut Prefix<N> {
+            self.bytes[self.len..self.len + data.len()].copy_from_slice(data);
+            self.len += data.len();
             self
+        }
+
+        pub(super) fn fixed64(&mut self, value: u64) -> &mut Prefix<N> {
+            self.raw(&value.to_le_bytes())
+        }
+
+        pub(super) fn fixed32(&mut self, value: u32) -> &mut Prefix<N> {
+            self.raw(&value.to_le_bytes())
         }
 
         pub(super) fn write(&self, out: &mut impl BufMut) {
@@ -617,19 +655,11 @@ mod put {
         }
     }
 
-    /// A fixed64 field; zero is not written.
-    pub(super) fn fixed64(out: &mut impl BufMut, field: u8, value: u64) {
-        if value != 0 {
-            Prefix::default()
-                .tag(field, FIXED64)
-                .fixed64(value)
-                .write(out);
-        }
-    }
-
     pub(super) fn fixed32(out: &mut impl BufMut, field: u8, value: u32) {
-        Prefix::default().tag(field, FIXED32).write(out);
-        out.put_u32_le(value);
+        Prefix::default()
+            .tag(field, FIXED32)
+            .fixed32(value)
+            .write(out);
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use slab::Slab;
-use toolgate_core::trace::{Access, ContextAccess, SpanContext, SpanId, TraceId};
+use toolgate_core::trace::{Access, ContextAccess, Leaf, LeafValue, SpanContext, SpanId, TraceId};
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
@@ -329,7 +329,11 @@ impl Recorder {
     /// A recorder queueing closed spans on `queue` and passing events to `logs`; installs the
     /// libraries' access to the records ([`toolgate_core::trace`]).
     pub(crate) fn new(queue: Arc<SpanQueue>, logs: Box<dyn Subscriber + Send + Sync>) -> Recorder {
-        toolgate_core::trace::install_access(ContextAccess(access));
+        toolgate_core::trace::install_access(ContextAccess {
+            span: access,
+            current: current_context,
+            leaf: record_leaf,
+        });
         Recorder {
             tables: std::array::from_fn(|_| Mutex::new(Slab::new())),
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
@@ -372,6 +376,36 @@ impl Recorder {
 
     fn context(&self, id: &Id) -> Option<SpanContext> {
         self.with_node(id, |node| node.record.context.clone())
+    }
+
+    /// Encodes and queues `leaf`, ended at `end`, as a span that closes does.
+    fn leaf(&self, leaf: &Leaf, end: SystemTime) {
+        let parent = &leaf.parent;
+        let (key, value) = leaf.attribute;
+        let mut attributes = OtlpAttributes::with_capacity(key.len() + 48 + 96 + leaf.name.len());
+        match value {
+            LeafValue::Text(text) => attributes.push(key, Value::Text(text)),
+            LeafValue::Int(int) => attributes.push(key, Value::Int(int)),
+        }
+        self.queue.push(EncodedSpan::new(SpanRecord {
+            context: SpanContext {
+                trace_id: parent.trace_id,
+                span_id: random_span_id(),
+                sampled: true,
+                trace_state: parent.trace_state.clone(),
+                remote: false,
+            },
+            parent: Some(parent.span_id),
+            parent_remote: parent.remote,
+            name: Cow::Borrowed(leaf.name),
+            kind: Kind::Internal,
+            status: StatusCode::Unset,
+            status_message: None,
+            start: leaf.start,
+            end,
+            attributes,
+            links: Vec::new(),
+        }));
     }
 
     fn current(&self) -> Option<Id> {
@@ -629,6 +663,19 @@ impl Subscriber for Recorder {
     }
 }
 
+/// The context of the current span of `dispatch`, when it is a recorder that records one.
+fn current_context(dispatch: &Dispatch) -> Option<SpanContext> {
+    let recorder = dispatch.downcast_ref::<Recorder>()?;
+    recorder.context(&recorder.current()?)
+}
+
+/// Records a leaf span through the recorder `dispatch` is (nothing when it is not one).
+fn record_leaf(dispatch: &Dispatch, leaf: &Leaf, end: SystemTime) {
+    if let Some(recorder) = dispatch.downcast_ref::<Recorder>() {
+        recorder.leaf(leaf, end);
+    }
+}
+
 /// The libraries' access to a span's record, through the recorder the span belongs to
 /// (nothing when the dispatcher is not a recorder or the span is not recorded).
 fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
@@ -810,6 +857,57 @@ mod tests {
         assert_eq!(decision.links.len(), 1);
         assert_eq!(decision.links[0].span_id, child.span_id);
         assert_ne!(decision.trace_id, root.trace_id);
+    }
+
+    #[test]
+    fn a_leaf_is_a_child_of_the_current_span_and_needs_one() {
+        const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let text = ("toolgate.ledger.operation", LeafValue::Text("running"));
+        let spans = recorded(&queue, || {
+            assert!(Leaf::start("alone", text).is_none(), "no current span");
+            let call = tracing::info_span!("call");
+            call.in_scope(|| {
+                let leaf = Leaf::start("ledger.commit", text).unwrap();
+                let count = ("toolgate.credentials", LeafValue::Int(2));
+                drop(Leaf::start("credentials.resolve", count).unwrap());
+                drop(leaf);
+            });
+            drop(call);
+            let unsampled =
+                SpanContext::from_w3c(&format!("00-{TRACE}-00f067aa0ba902b7-00"), None).unwrap();
+            let quiet = tracing::info_span!("quiet");
+            toolgate_core::trace::set_parent(&quiet, unsampled);
+            quiet.in_scope(|| assert!(Leaf::start("unsampled", text).is_none()));
+        });
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["credentials.resolve", "ledger.commit", "call"]);
+        let (credentials, ledger, call) = (&spans[0], &spans[1], &spans[2]);
+        for leaf in [credentials, ledger] {
+            assert_eq!(leaf.trace_id, call.trace_id);
+            assert_eq!(leaf.parent_span_id, call.span_id);
+            assert_eq!(leaf.span_id.len(), 8);
+            assert_eq!(leaf.kind, span::SpanKind::Internal as i32);
+            assert_eq!(leaf.flags & 0x301, 0x101, "sampled, local parent");
+            assert!(leaf.end_time_unix_nano >= leaf.start_time_unix_nano);
+            assert!(leaf.start_time_unix_nano >= call.start_time_unix_nano);
+        }
+        assert_ne!(ledger.span_id, credentials.span_id);
+        assert!(ledger.end_time_unix_nano >= credentials.end_time_unix_nano);
+        assert_eq!(
+            attributes(ledger),
+            [(
+                "toolgate.ledger.operation".to_owned(),
+                any_value::Value::StringValue("running".into())
+            )]
+        );
+        assert_eq!(
+            attributes(credentials),
+            [(
+                "toolgate.credentials".to_owned(),
+                any_value::Value::IntValue(2)
+            )]
+        );
     }
 
     #[test]
