@@ -234,7 +234,8 @@ pub enum LeafValue {
 
 /// A span around one piece of work that makes no spans of its own (a ledger commit, a
 /// credential lookup): a child of the span current when it starts, ended when dropped, and
-/// handed to the recording subscriber as a whole then. It takes none of a `tracing` span's
+/// handed as a whole then to the recording subscriber that is the default dispatcher where it
+/// is dropped (the gateway has one for the process). It takes none of a `tracing` span's
 /// trips through the subscriber (a slot in its tables, a clone of the dispatcher, entering and
 /// leaving it): the recorder encodes it once, as it ends.
 #[derive(Debug)]
