@@ -141,6 +141,18 @@ const INSERT_EVENT: &str = "INSERT INTO audit_events (tenant, chain_seq, kind, r
      tool_call_id, payload, at, prev_hash, hash, key_id, binding) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
+/// Counts a call against its run's budget; nothing when the budget is used up (no row
+/// changed). Binds: tenant, run.
+pub(crate) const COUNT_CALL: &str = "UPDATE runs SET calls_used = calls_used + 1 \
+     WHERE tenant = $1 AND id = $2 AND calls_used + 1 <= max_calls";
+
+/// Counts a suspended call (`$1`: 1 when it counts against the budget, else 0) and its pending
+/// approval, and marks the run waiting; nothing when the budget is used up. Binds then tenant,
+/// run.
+pub(crate) const COUNT_PENDING_CALL: &str = "UPDATE runs SET calls_used = calls_used + $1, \
+     pending_approvals = pending_approvals + 1, status = 'waiting_approval' \
+     WHERE tenant = $2 AND id = $3 AND calls_used + $1 <= max_calls";
+
 /// The run's count of pending invocations after `$1` of them were decided, and its status.
 const RELEASE_PENDING: &str = "UPDATE runs SET \
      pending_approvals = CASE WHEN pending_approvals > $1 THEN pending_approvals - $1 ELSE 0 END, \
@@ -923,22 +935,23 @@ impl<C: Conn> Steps<'_, C> {
     async fn record_call_rest(&mut self, prepared: &PreparedCall) -> Result<RecordOutcome, Fail> {
         let call = &prepared.call;
         if prepared.count_against_budget || prepared.pending.is_some() {
-            let changed = query(
-                "UPDATE runs SET calls_used = calls_used + $1, \
-                 pending_approvals = pending_approvals + $2, \
-                 status = CASE WHEN $2 > 0 THEN 'waiting_approval' ELSE status END \
-                 WHERE tenant = $3 AND id = $4 AND calls_used + $1 <= max_calls",
-            )
-            .bind(i64::from(prepared.count_against_budget))
-            .bind(i64::from(prepared.pending.is_some()))
-            .bind(call.tenant.as_str())
-            .bind(call.run.as_str())
-            .execute(self.conn.db())
-            .await
-            .map_err(refused(
-                || format!("run {}", call.run),
-                || LedgerError::NotFound(format!("run {}", call.run)),
-            ))?;
+            let update = if prepared.pending.is_none() {
+                // The usual call: counted, nothing suspended. The run's status is left alone,
+                // so SQLite does not check its CHECK (which builds a table of the allowed
+                // values each time).
+                query(COUNT_CALL)
+            } else {
+                query(COUNT_PENDING_CALL).bind(i64::from(prepared.count_against_budget))
+            };
+            let changed = update
+                .bind(call.tenant.as_str())
+                .bind(call.run.as_str())
+                .execute(self.conn.db())
+                .await
+                .map_err(refused(
+                    || format!("run {}", call.run),
+                    || LedgerError::NotFound(format!("run {}", call.run)),
+                ))?;
             if changed == 0 {
                 // The call row's foreign key proved the run exists: its budget is used up.
                 return self.block_for_budget(prepared).await;

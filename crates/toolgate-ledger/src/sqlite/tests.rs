@@ -484,6 +484,43 @@ async fn a_runs_calls_are_listed_in_order_from_its_one_index() {
     );
 }
 
+/// Counting a usual call against its run's budget leaves the run's status alone, so SQLite
+/// skips the status CHECK: checking `status IN (...)` builds a table of the allowed values
+/// (`OpenEphemeral`) every time a statement sets the status, which the suspended call's update
+/// still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_a_call_builds_no_table_of_the_allowed_statuses() {
+    let db = seeded(Backend::Sqlite, 100).await;
+    let path = db.sqlite_path();
+    db.close().await;
+    let mut conn = raw_connection(&path).await;
+    let mut opcodes = async |sql: &str, binds: &[&str]| -> Vec<String> {
+        let explain = format!("EXPLAIN {sql}");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(explain));
+        for bind in binds {
+            query = query.bind(*bind);
+        }
+        query
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|error| panic!("no program for {sql}: {error}"))
+            .iter()
+            .map(|step| sqlx::Row::get::<String, _>(step, "opcode"))
+            .collect()
+    };
+    let counted = opcodes(crate::steps::COUNT_CALL, &["acme", "run-1"]).await;
+    assert!(!counted.is_empty());
+    assert!(
+        !counted.iter().any(|op| op == "OpenEphemeral"),
+        "{counted:?}"
+    );
+    let suspended = opcodes(crate::steps::COUNT_PENDING_CALL, &["1", "acme", "run-1"]).await;
+    assert!(
+        suspended.iter().any(|op| op == "OpenEphemeral"),
+        "setting the status checks it: {suspended:?}"
+    );
+}
+
 // --- one owner per file ----------------------------------------------------------------------
 
 /// A second store on a file another store owns is refused before it reads or writes anything,
