@@ -916,18 +916,24 @@ impl<C: Conn> Steps<'_, C> {
             || LedgerError::NotFound(format!("tool call {}", call.id)),
         ))?;
         if closed > 0 {
-            query(RELEASE_PENDING)
-                .bind(i64::try_from(closed).unwrap_or(i64::MAX))
-                .bind(call.tenant.as_str())
-                .bind(call.run.as_str())
-                .execute(self.conn.db())
-                .await
-                .map_err(refused(
-                    || format!("run {}", call.run),
-                    || LedgerError::NotFound(format!("run {}", call.run)),
-                ))?;
+            let release = query(RELEASE_PENDING).bind(i64::try_from(closed).unwrap_or(i64::MAX));
+            self.update_run(release, call).await?;
         }
         self.record_call_rest(prepared).await
+    }
+
+    /// Runs `update` (whose last two binds are the tenant and the run) on `call`'s run; the
+    /// rows it changed.
+    async fn update_run(&mut self, update: Query<'_>, call: &ToolCallRecord) -> Result<u64, Fail> {
+        update
+            .bind(call.tenant.as_str())
+            .bind(call.run.as_str())
+            .execute(self.conn.db())
+            .await
+            .map_err(refused(
+                || format!("run {}", call.run),
+                || LedgerError::NotFound(format!("run {}", call.run)),
+            ))
     }
 
     /// Everything `record_call` writes after the call row: the budget, the decision, the
@@ -943,16 +949,7 @@ impl<C: Conn> Steps<'_, C> {
             } else {
                 query(COUNT_PENDING_CALL).bind(i64::from(prepared.count_against_budget))
             };
-            let changed = update
-                .bind(call.tenant.as_str())
-                .bind(call.run.as_str())
-                .execute(self.conn.db())
-                .await
-                .map_err(refused(
-                    || format!("run {}", call.run),
-                    || LedgerError::NotFound(format!("run {}", call.run)),
-                ))?;
-            if changed == 0 {
+            if self.update_run(update, call).await? == 0 {
                 // The call row's foreign key proved the run exists: its budget is used up.
                 return self.block_for_budget(prepared).await;
             }

@@ -577,10 +577,7 @@ mod put {
 
     impl Default for Prefix {
         fn default() -> Prefix {
-            Prefix {
-                bytes: [0; 24],
-                len: 0,
-            }
+            Prefix::with_room()
         }
     }
 
