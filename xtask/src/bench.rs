@@ -77,7 +77,8 @@
 //!   metrics: what a change does to an observed gateway, such as one to the span recorder.
 //! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
 //! - `--light-only`: only the light load: the disk's floor, then the echo server and the
-//!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call.
+//!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call, and
+//!   the pages the gateway's last commits wrote, by table and index.
 //! - `--rates-only`: only the SQLite gateway's open loop at each offered rate (the sweep from
 //!   light load to overload), printed and drawn as the chart.
 //! - `--rates N,N,...`: the offered rates of the sweep (default 500 to 20,000 calls/s).
@@ -585,6 +586,12 @@ async fn measure_light_only(
     let channels = load::connect(&target.url, options.connections).await?;
     let transport = Transport::Grpc(target, channels);
     let gateway_open = light_open_loop(options, &transport, gateway.pid(), "gateway").await?;
+    if let Some(database) = gateway.sqlite_ledger() {
+        match wal::read(database) {
+            Ok(frames) => println!("gateway ledger pages written: {}", frames.summary(12)),
+            Err(error) => println!("gateway ledger pages written: not read ({error:#})"),
+        }
+    }
     println!(
         "gateway peak RSS {:.1} MiB",
         process::peak_rss_kib(gateway.pid())? as f64 / 1024.0
