@@ -84,8 +84,10 @@
 //! - `--rates N,N,...`: the offered rates of the sweep (default 500 to 20,000 calls/s).
 //! - `--no-instructions`: skip counting the instructions per call of a plain and an observed
 //!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
-//!   valgrind is installed): what observing adds, independent of the machine's load (2,000
-//!   calls each; `--quick`: 500). `--instructions` insists (fails without valgrind).
+//!   valgrind is installed): what observing adds, independent of the machine's load (6,000
+//!   calls each, so the ledger's checkpoints, one every few hundred calls and a few thousand
+//!   instructions a call between two of them, fall alike in both counts; `--quick`: 500).
+//!   `--instructions` insists (fails without valgrind).
 //! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
 //!   port), to compare the throughput with metrics on and off.
 //!
@@ -755,7 +757,7 @@ async fn measure_instructions(
         }
         Count::WhenInstalled | Count::Always => {}
     }
-    let calls = if options.quick { 500 } else { 2_000 };
+    let calls = if options.quick { 500 } else { 6_000 };
     let (base, measured) = pair.names();
     println!(
         "\n==> instructions per call under callgrind, {base} and {measured} ({calls} calls each)"
