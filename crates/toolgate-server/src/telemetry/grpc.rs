@@ -106,10 +106,14 @@ fn first_chars(text: &str, count: usize) -> &str {
 /// The W3C trace context of `headers` (`traceparent`, `tracestate`), when they hold a valid
 /// one.
 pub(crate) fn header_trace_context(headers: &http::HeaderMap) -> Option<SpanContext> {
-    let traceparent = headers.get("traceparent")?.to_str().ok()?;
+    // Names made once: a name given as text is parsed and checked on every lookup, which cost
+    // more than the lookup of a request that carries no `traceparent`.
+    static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+    static TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+    let traceparent = headers.get(&TRACEPARENT)?.to_str().ok()?;
     // Several `tracestate` lines are one list (W3C), joined with commas.
     let states: Vec<&str> = headers
-        .get_all("tracestate")
+        .get_all(&TRACESTATE)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .collect();
