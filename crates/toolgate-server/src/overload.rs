@@ -244,7 +244,9 @@ impl<S: NamedService> NamedService for Overload<S> {
 /// the gRPC over HTTP/2 protocol defines it. A malformed value counts as none, as tonic
 /// treats it.
 pub(crate) fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
-    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    // Made once: a name given as text is parsed and checked on every lookup.
+    static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+    let value = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
     let split = value.len().checked_sub(1)?;
     let (digits, unit) = value.split_at(split);
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
