@@ -85,8 +85,8 @@
 //! - `--no-instructions`: skip counting the instructions per call of a plain and an observed
 //!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
 //!   valgrind is installed): what observing adds, independent of the machine's load (6,000
-//!   calls each, so the ledger's checkpoints, one every few hundred calls and a few thousand
-//!   instructions a call between two of them, fall alike in both counts; `--quick`: 500).
+//!   calls each: the ledger's checkpoints, one every few hundred calls, land unevenly in the
+//!   two counts, and over more calls they weigh less in the difference; `--quick`: 500).
 //!   `--instructions` insists (fails without valgrind).
 //! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
 //!   port), to compare the throughput with metrics on and off.
@@ -588,12 +588,7 @@ async fn measure_light_only(
     let channels = load::connect(&target.url, options.connections).await?;
     let transport = Transport::Grpc(target, channels);
     let gateway_open = light_open_loop(options, &transport, gateway.pid(), "gateway").await?;
-    if let Some(database) = gateway.sqlite_ledger() {
-        match wal::read(database) {
-            Ok(frames) => println!("gateway ledger pages written: {}", frames.summary(12)),
-            Err(error) => println!("gateway ledger pages written: not read ({error:#})"),
-        }
-    }
+    print_pages(gateway.sqlite_ledger(), "gateway ledger pages written", 12);
     println!(
         "gateway peak RSS {:.1} MiB",
         process::peak_rss_kib(gateway.pid())? as f64 / 1024.0
@@ -841,6 +836,18 @@ async fn measure_target(
     .await
 }
 
+/// Prints, after `label`, the pages the last commits to the SQLite ledger `database` wrote, for
+/// its `top` tables and indexes ([`wal`]); nothing without a SQLite ledger. A diagnostic: a log
+/// that cannot be read is said so, and the figures measured beside it still stand.
+fn print_pages(database: Option<&Path>, label: &str, top: usize) {
+    if let Some(database) = database {
+        match wal::read(database) {
+            Ok(frames) => println!("{label}: {}", frames.summary(top)),
+            Err(error) => println!("{label}: not read ({error:#})"),
+        }
+    }
+}
+
 /// The closed loop, then the open loop, over one transport; `phase` prefixes the calls'
 /// tool_use_ids (distinct per transport on one run, so none is a replay). With the server's
 /// `metrics_url`, also what each loop's calls cost its ledger (commits and batch sizes, from
@@ -854,15 +861,8 @@ async fn measure_transport(
     metrics_url: Option<&str>,
     sqlite_ledger: Option<&Path>,
 ) -> anyhow::Result<(ClosedLoop, OpenLoop, Option<LedgerPhases>)> {
-    // A diagnostic: if the log cannot be read, the loops' figures still stand.
-    let pages = |name: &str| {
-        if let Some(database) = sqlite_ledger {
-            match wal::read(database) {
-                Ok(frames) => println!("  ledger pages written, {name}: {}", frames.summary(8)),
-                Err(error) => println!("  ledger pages written, {name}: not read ({error:#})"),
-            }
-        }
-    };
+    let pages =
+        |name: &str| print_pages(sqlite_ledger, &format!("  ledger pages written, {name}"), 8);
     let scrape = || metrics_url.map(scrape::scrape).transpose();
     let before_closed = scrape()?;
     let closed = load::closed_loop(
