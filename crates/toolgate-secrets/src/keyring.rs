@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Key, Nonce};
+use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use rand::RngCore;
@@ -71,8 +71,24 @@ pub struct SealedSecret {
 /// The master keys: one active key that seals, older ones that still open until retired.
 #[derive(Clone)]
 pub struct KeyRing {
-    keys: BTreeMap<KeyId, Zeroizing<[u8; 32]>>,
+    keys: BTreeMap<KeyId, MasterKey>,
     active: KeyId,
+}
+
+/// A master key and its cipher, made once: expanding the AES key schedule and the GHASH key
+/// on every seal and open cost more than sealing a short answer. Both are zeroed when dropped
+/// (`aes-gcm`'s `zeroize` feature), as the key's bytes are.
+#[derive(Clone)]
+struct MasterKey {
+    bytes: Zeroizing<[u8; 32]>,
+    cipher: Aes256Gcm,
+}
+
+impl MasterKey {
+    fn new(bytes: Zeroizing<[u8; 32]>) -> MasterKey {
+        let cipher = Aes256Gcm::new((&*bytes).into());
+        MasterKey { bytes, cipher }
+    }
 }
 
 impl fmt::Debug for KeyRing {
@@ -111,7 +127,7 @@ impl KeyRing {
         let mut active = None;
         for (id, encoded) in entries {
             let id = KeyId::new(id)?;
-            let key = decode_key(&id, &encoded)?;
+            let key = MasterKey::new(decode_key(&id, &encoded)?);
             if keys.insert(id.clone(), key).is_some() {
                 return Err(SecretsError::InvalidKeyRing(format!(
                     "key `{id}` is listed twice"
@@ -145,7 +161,7 @@ impl KeyRing {
         self.keys
             .iter()
             .find(|(key_id, _)| key_id.as_str() == id)
-            .map(|(_, key)| &**key)
+            .map(|(_, key)| &*key.bytes)
     }
 
     /// Whether the ring holds `id`.
@@ -160,7 +176,7 @@ impl KeyRing {
                 "key `{id}` already exists"
             )));
         }
-        let key = decode_key(&id, encoded)?;
+        let key = MasterKey::new(decode_key(&id, encoded)?);
         let mut ring = self.clone();
         ring.keys.insert(id.clone(), key);
         ring.active = id;
@@ -219,8 +235,7 @@ impl KeyRing {
     /// Seals `plaintext` under the active key with the associated data
     /// `label ‖ parts… ‖ key id` (NUL-separated).
     fn seal_parts(&self, label: &[u8], parts: &[&str], plaintext: &[u8]) -> String {
-        let key = &self.keys[&self.active];
-        let cipher = Aes256Gcm::new(&Key::<Aes256Gcm>::from(**key));
+        let cipher = &self.keys[&self.active].cipher;
         let mut nonce_bytes = [0u8; NONCE_LEN];
         rand::rng().fill_bytes(&mut nonce_bytes);
         let nonce = Nonce::from(nonce_bytes);
@@ -237,7 +252,16 @@ impl KeyRing {
         let mut blob = Vec::with_capacity(NONCE_LEN + sealed.len());
         blob.extend_from_slice(&nonce_bytes);
         blob.extend_from_slice(&sealed);
-        format!("{PREFIX}.{}.{}", self.active, STANDARD.encode(blob))
+        // Written into one string: `format!` of an encoded copy made two more.
+        let id = self.active.as_str();
+        let mut text =
+            String::with_capacity(PREFIX.len() + id.len() + 2 + blob.len().div_ceil(3) * 4);
+        text.push_str(PREFIX);
+        text.push('.');
+        text.push_str(id);
+        text.push('.');
+        STANDARD.encode_string(&blob, &mut text);
+        text
     }
 
     /// Opens what [`KeyRing::seal_parts`] sealed with the same label and parts.
@@ -265,9 +289,8 @@ impl KeyRing {
         let (nonce_bytes, sealed) = blob.split_at(NONCE_LEN);
         let nonce_array: [u8; NONCE_LEN] =
             nonce_bytes.try_into().map_err(|_| OpenFailure::Invalid)?;
-        let cipher = Aes256Gcm::new(&Key::<Aes256Gcm>::from(**key));
         let aad = associated_data(label, parts, &key_id);
-        cipher
+        key.cipher
             .decrypt(
                 &Nonce::from(nonce_array),
                 Payload {
