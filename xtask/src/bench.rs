@@ -86,8 +86,9 @@
 //!   gateway under valgrind's callgrind (`bench/instructions.rs`; counted by default when
 //!   valgrind is installed): what observing adds, independent of the machine's load (6,000
 //!   calls each: the ledger's checkpoints, one every few hundred calls, land unevenly in the
-//!   two counts, and over more calls they weigh less in the difference; `--quick`: 500).
-//!   `--instructions` insists (fails without valgrind).
+//!   two counts, and over more calls they weigh less in the difference; `--quick`: 500;
+//!   also without SHA-256's compression, which valgrind runs on the portable path for want
+//!   of SHA-NI). `--instructions` insists (fails without valgrind).
 //! - `--metrics`: the gateways serve Prometheus metrics (`[metrics] listen` on a free loopback
 //!   port), to compare the throughput with metrics on and off.
 //!

@@ -751,6 +751,9 @@ impl Report {
                 "plain_per_call": counted.base,
                 "observed_per_call": counted.measured,
                 "added": counted.added(),
+                "plain_sha256_per_call": counted.hashing.0,
+                "observed_sha256_per_call": counted.hashing.1,
+                "added_without_sha256": counted.added_without_hashing(),
             })),
             "gateway_postgres": self.postgres.as_ref().map(target_json),
             "postgres_storage": self.postgres_storage.map(|storage| json!({
