@@ -759,7 +759,7 @@ async fn measure_instructions(
         "\n==> instructions per call under callgrind, {base} and {measured} ({calls} calls each)"
     );
     let keep = target_dir.join("bench");
-    let counted = instructions::measure(own_binary, pair, calls, &keep).await?;
+    let (counted, differences) = instructions::measure(own_binary, pair, calls, &keep, 15).await?;
     println!("  {}", counted.summary());
     let (base_profile, measured_profile) = (
         keep.join(instructions::profile(base)),
@@ -771,7 +771,6 @@ async fn measure_instructions(
         measured_profile.display()
     );
     // Where the difference is: read from the profiles, so no session has to derive it by hand.
-    let differences = instructions::differences(&base_profile, &measured_profile, calls, 15)?;
     if !differences.is_empty() {
         println!("  own instructions per call by function, {measured} minus {base}:");
         for difference in &differences {

@@ -110,13 +110,16 @@ pub(crate) fn profile(name: &str) -> String {
     format!("callgrind-{}.out", name.replace(' ', "-"))
 }
 
-/// Counts `calls` calls on each gateway of `pair`; their profiles are copied into `keep`.
+/// Counts `calls` calls on each gateway of `pair`; their profiles are copied into `keep`,
+/// and read once for the SHA-256 share and the `top` functions that differ most between them
+/// ([`differences`]).
 pub(crate) async fn measure(
     own_binary: &Path,
     pair: Pair<'_>,
     calls: u64,
     keep: &Path,
-) -> anyhow::Result<Instructions> {
+    top: usize,
+) -> anyhow::Result<(Instructions, Vec<Difference>)> {
     for tool in TOOLS {
         if !installed(tool) {
             bail!("counting instructions needs `{tool}` (Debian's package valgrind)");
@@ -147,25 +150,39 @@ pub(crate) async fn measure(
         *instructions = count(binary, observed, env, calls, &keep.join(profile(name))).await?;
     }
     let [base, measured] = counted;
-    let hashing = |name: &str| -> anyhow::Result<f64> {
-        let path = keep.join(profile(name));
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read the profile {}", path.display()))?;
-        Ok(hashing_per_call(&text, calls))
-    };
-    Ok(Instructions {
+    let base_costs = read_costs(&keep.join(profile(names.0)))?;
+    let measured_costs = read_costs(&keep.join(profile(names.1)))?;
+    let counted = Instructions {
         calls,
         base,
         measured,
         names,
-        hashing: (hashing(names.0)?, hashing(names.1)?),
-    })
+        hashing: (
+            hashing_per_call(&base_costs, calls),
+            hashing_per_call(&measured_costs, calls),
+        ),
+    };
+    Ok((
+        counted,
+        differences(&base_costs, measured_costs, calls, top),
+    ))
 }
 
-/// The instructions per call a profile of `calls` calls spent in SHA-256's compression.
-fn hashing_per_call(profile: &str, calls: u64) -> f64 {
-    let total: i128 = self_costs(profile)
-        .into_iter()
+/// The instructions each function of a profile executes itself ([`self_costs`]).
+type Costs = HashMap<String, i128>;
+
+/// The own costs of the profile at `path`.
+fn read_costs(path: &Path) -> anyhow::Result<Costs> {
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the profile {}", path.display()))
+        .map(|text| self_costs(&text))
+}
+
+/// The instructions per call that `costs`, a profile of `calls` calls, spent in SHA-256's
+/// compression.
+fn hashing_per_call(costs: &Costs, calls: u64) -> f64 {
+    let total: i128 = costs
+        .iter()
         .filter(|(function, _)| function.starts_with(SOFT_HASHING))
         .map(|(_, cost)| cost)
         .sum();
@@ -278,20 +295,9 @@ pub(crate) struct Difference {
 /// The functions whose own instructions per call differ most between the profiles `base`
 /// and `measured` (each of `calls` calls): the `count` largest increases, then the `count`
 /// largest decreases; a difference below one instruction per call is left out.
-pub(crate) fn differences(
-    base: &Path,
-    measured: &Path,
-    calls: u64,
-    count: usize,
-) -> anyhow::Result<Vec<Difference>> {
-    let read = |path: &Path| {
-        std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the profile {}", path.display()))
-            .map(|text| self_costs(&text))
-    };
-    let (base, mut measured) = (read(base)?, read(measured)?);
+fn differences(base: &Costs, mut measured: Costs, calls: u64, count: usize) -> Vec<Difference> {
     for (function, cost) in base {
-        *measured.entry(function).or_insert(0) -= cost;
+        *measured.entry(function.clone()).or_insert(0) -= cost;
     }
     let per_call = |cost: i128| cost as f64 / calls.max(1) as f64;
     let mut all: Vec<Difference> = measured
@@ -309,7 +315,7 @@ pub(crate) fn differences(
         .rev()
         .take_while(|d| d.per_call < 0.0)
         .take(count);
-    Ok(increases.chain(decreases).cloned().collect())
+    increases.chain(decreases).cloned().collect()
 }
 
 /// The instructions each function of a callgrind profile executes itself, by name.
@@ -428,7 +434,11 @@ mod tests {
             fl=(2)\nfn=(2)\n1 600\nfl=(3) uint_macros.rs\nfn=(2)\n7 300\n\
             fn=(3) sha2::sha256::x86::digest_blocks\n1 20\nfn=(4) sha2_like::other\n1 5\n\
             totals: 965\n";
-        assert_eq!(hashing_per_call(profile, 10), 92.0, "(600 + 300 + 20) / 10");
+        assert_eq!(
+            hashing_per_call(&self_costs(profile), 10),
+            92.0,
+            "(600 + 300 + 20) / 10"
+        );
         let counted = Instructions {
             calls: 10,
             base: 1000.0,
@@ -459,14 +469,16 @@ mod tests {
             .replace("10 100", "10 110")
             .replace("5 45", "5 5");
         std::fs::write(&measured, more).unwrap();
-        let found = differences(&base, &measured, 10, 5).unwrap();
+        let (base_costs, measured_costs) =
+            (read_costs(&base).unwrap(), read_costs(&measured).unwrap());
+        let found = differences(&base_costs, measured_costs.clone(), 10, 5);
         let found: Vec<(&str, f64)> = found
             .iter()
             .map(|d| (d.function.as_str(), d.per_call))
             .collect();
         assert_eq!(found, [("inner", 20.0), ("outer", 1.0), ("other", -4.0)]);
-        assert_eq!(differences(&base, &measured, 10, 1).unwrap().len(), 2);
-        let missing = differences(&dir.path().join("none.out"), &measured, 10, 5).unwrap_err();
+        assert_eq!(differences(&base_costs, measured_costs, 10, 1).len(), 2);
+        let missing = read_costs(&dir.path().join("none.out")).unwrap_err();
         assert!(format!("{missing:#}").contains("none.out"), "{missing:#}");
     }
 }
