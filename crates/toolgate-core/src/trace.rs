@@ -173,6 +173,21 @@ pub enum Access<'a> {
     SetParent(SpanContext),
     /// Link the span to another (for example the call an approval decides).
     Link(SpanContext),
+    /// Write attributes straight into the span's record (`otel.name` and `otel.status_code`
+    /// as the special fields they are); `written` is set when the subscriber took them (a span
+    /// it does not sample takes them too, and drops them).
+    Annotate {
+        attributes: &'a [(&'static str, Attribute<'a>)],
+        written: &'a mut bool,
+    },
+}
+
+/// An attribute's value given to [`annotate`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Attribute<'a> {
+    Text(&'a str),
+    Int(i64),
+    Bool(bool),
 }
 
 /// How libraries reach the span records of the application's recording subscriber, given
@@ -223,6 +238,37 @@ pub fn set_parent(span: &tracing::Span, parent: SpanContext) {
 /// Links `span` to `other`.
 pub fn add_link(span: &tracing::Span, other: SpanContext) {
     access(span, Access::Link(other));
+}
+
+/// Records `attributes` on `span`, each key at most once in the span's life and declared
+/// among its fields (`tracing::field::Empty`).
+///
+/// A recording subscriber takes them straight into the span's record: no look-up of each
+/// field by name, no visit of a `tracing` value set, and one lock of the record for all of
+/// them, which was most of what the late fields of a call's span cost. Any other subscriber
+/// (logs at debug level, traces off) gets them as `tracing` records them, field by field.
+pub fn annotate(span: &tracing::Span, attributes: &[(&'static str, Attribute<'_>)]) {
+    if span.is_disabled() {
+        return;
+    }
+    let mut written = false;
+    access(
+        span,
+        Access::Annotate {
+            attributes,
+            written: &mut written,
+        },
+    );
+    if written {
+        return;
+    }
+    for (key, value) in attributes {
+        match *value {
+            Attribute::Text(text) => span.record(*key, text),
+            Attribute::Int(int) => span.record(*key, int),
+            Attribute::Bool(bool) => span.record(*key, bool),
+        };
+    }
 }
 
 /// A leaf span's one attribute value.
@@ -343,5 +389,56 @@ mod tests {
         assert_eq!(span_context(&span), None);
         assert_eq!(current(), None);
         assert!(Leaf::start("leaf", ("key", LeafValue::Int(1))).is_none());
+    }
+
+    /// A subscriber other than the gateway's recorder: it keeps what `record` gives it.
+    #[derive(Default)]
+    struct Records(std::sync::Mutex<Vec<String>>);
+
+    impl tracing::field::Visit for &Records {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+            let mut records = self.0.lock().unwrap();
+            records.push(format!("{}={value:?}", field.name()));
+        }
+    }
+
+    impl tracing::Subscriber for &'static Records {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+            values.record(&mut &**self);
+        }
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn another_subscriber_gets_annotations_as_tracing_records() {
+        let records: &'static Records = Box::leak(Box::default());
+        tracing::subscriber::with_default(records, || {
+            let span = tracing::info_span!(
+                "call",
+                text = tracing::field::Empty,
+                int = tracing::field::Empty,
+                flag = tracing::field::Empty,
+            );
+            annotate(
+                &span,
+                &[
+                    ("text", Attribute::Text("value")),
+                    ("int", Attribute::Int(7)),
+                    ("flag", Attribute::Bool(false)),
+                    ("undeclared", Attribute::Int(1)),
+                ],
+            );
+        });
+        let records = records.0.lock().unwrap();
+        assert_eq!(*records, ["text=\"value\"", "int=7", "flag=false"]);
     }
 }

@@ -13,7 +13,7 @@
 use tracing::Span;
 use tracing::field::Empty;
 
-use toolgate_core::trace::{Leaf, LeafValue, SpanContext};
+use toolgate_core::trace::{Attribute, Leaf, LeafValue, SpanContext};
 
 use toolgate_core::{ToolCallStatus, ToolName};
 use toolgate_ledger::{PendingInvocation, ToolCallRecord};
@@ -26,7 +26,10 @@ use crate::outcome::{ExecuteOutcome, ResumeOutcome};
 /// (`execute_tool {gen_ai.tool.name}`) and the call's ids are recorded once they are known to
 /// be safe to keep (see [`record_call`]).
 pub(crate) fn call_span(tenant: &str) -> Span {
-    // The fields recorded later come first: `record_all!` finds each by name, from the first.
+    // Its kind is internal, every subscriber's default for a span that names none (an
+    // `otel.kind` field would be one more field to visit on every call).
+    // The fields recorded later (`annotate`) are declared, `Empty`, for a subscriber other
+    // than the gateway's recorder, which records them field by field, finding each by name.
     tracing::debug_span!(
         target: "toolgate::call",
         "execute_tool",
@@ -44,7 +47,6 @@ pub(crate) fn call_span(tenant: &str) -> Span {
         toolgate.tool_call_id = Empty,
         gen_ai.tool.call.id = Empty,
         toolgate.policy_ids = Empty,
-        otel.kind = "internal",
         gen_ai.operation.name = "execute_tool",
         gen_ai.tool.type = "extension",
         toolgate.tenant = tenant,
@@ -70,15 +72,30 @@ pub(crate) fn record_call(span: &Span, record: &ToolCallRecord, name: Option<&To
         full.push_str(name.as_str());
         full
     });
-    // One `record_all!` is one trip through the subscriber, where a `record` a field is one
-    // each; an absent `Option` records nothing.
-    tracing::record_all!(
+    annotate(
         span,
-        otel.name = full_name.as_deref(),
-        gen_ai.tool.name = name.map(ToolName::as_str),
-        gen_ai.conversation.id = record.run.as_str(),
-        toolgate.tool_call_id = record.id.as_str(),
-        gen_ai.tool.call.id = record.tool_use_id.as_ref().map(|id| id.as_str()),
+        [
+            ("otel.name", full_name.as_deref().map(Attribute::Text)),
+            (
+                "gen_ai.tool.name",
+                name.map(|name| Attribute::Text(name.as_str())),
+            ),
+            (
+                "gen_ai.conversation.id",
+                Some(Attribute::Text(record.run.as_str())),
+            ),
+            (
+                "toolgate.tool_call_id",
+                Some(Attribute::Text(record.id.as_str())),
+            ),
+            (
+                "gen_ai.tool.call.id",
+                record
+                    .tool_use_id
+                    .as_ref()
+                    .map(|id| Attribute::Text(id.as_str())),
+            ),
+        ],
     );
 }
 
@@ -95,23 +112,50 @@ pub(crate) fn record_outcome(span: &Span, outcome: &Result<ExecuteOutcome, Engin
                 (None, ToolCallStatus::Succeeded) => (None, Some("ok")),
                 (None, _) => (None, None),
             };
-            tracing::record_all!(
+            annotate(
                 span,
-                toolgate.outcome = outcome.status.as_str(),
-                toolgate.attempts = outcome.attempts,
-                toolgate.replayed = outcome.replayed,
-                toolgate.decision = outcome.decision.map(|decision| decision.as_str()),
-                toolgate.risk = outcome.risk.map(|risk| risk.as_str()),
-                toolgate.pending_invocation_id = outcome.pending_invocation_id.as_deref(),
-                "error.type" = error_type,
-                otel.status_code = status_code,
+                [
+                    (
+                        "toolgate.outcome",
+                        Some(Attribute::Text(outcome.status.as_str())),
+                    ),
+                    (
+                        "toolgate.attempts",
+                        Some(Attribute::Int(outcome.attempts.into())),
+                    ),
+                    ("toolgate.replayed", Some(Attribute::Bool(outcome.replayed))),
+                    (
+                        "toolgate.decision",
+                        outcome
+                            .decision
+                            .map(|decision| Attribute::Text(decision.as_str())),
+                    ),
+                    (
+                        "toolgate.risk",
+                        outcome.risk.map(|risk| Attribute::Text(risk.as_str())),
+                    ),
+                    (
+                        "toolgate.pending_invocation_id",
+                        outcome
+                            .pending_invocation_id
+                            .as_deref()
+                            .map(Attribute::Text),
+                    ),
+                    ("error.type", error_type.map(Attribute::Text)),
+                    ("otel.status_code", status_code.map(Attribute::Text)),
+                ],
             );
         }
         Err(error) => {
-            tracing::record_all!(
+            annotate(
                 span,
-                "error.type" = request_error_type(error),
-                otel.status_code = "error",
+                [
+                    (
+                        "error.type",
+                        Some(Attribute::Text(request_error_type(error))),
+                    ),
+                    ("otel.status_code", Some(Attribute::Text("error"))),
+                ],
             );
         }
     }
@@ -149,14 +193,40 @@ pub(crate) fn record_decision(policy: &Span, call: &Span, decision: &PolicyDecis
         return;
     }
     let ids = decision.policy_ids.join(",");
-    tracing::record_all!(
+    annotate(
         policy,
-        toolgate.decision = decision.decision.as_str(),
-        toolgate.risk = decision.risk.as_str(),
-        toolgate.policy_ids = ids.as_str(),
-        toolgate.policy_version = decision.policy_version,
+        [
+            (
+                "toolgate.decision",
+                Some(Attribute::Text(decision.decision.as_str())),
+            ),
+            (
+                "toolgate.risk",
+                Some(Attribute::Text(decision.risk.as_str())),
+            ),
+            ("toolgate.policy_ids", Some(Attribute::Text(&ids))),
+            (
+                "toolgate.policy_version",
+                Some(Attribute::Int(decision.policy_version)),
+            ),
+        ],
     );
-    call.record("toolgate.policy_ids", ids.as_str());
+    annotate(call, [("toolgate.policy_ids", Some(Attribute::Text(&ids)))]);
+}
+
+/// Records on `span` the attributes that are present, in one trip to the recorder
+/// ([`toolgate_core::trace::annotate`]: no field looked up by name); an absent one records
+/// nothing, as an absent `Option` does with `tracing`.
+fn annotate<const N: usize>(span: &Span, attributes: [(&'static str, Option<Attribute<'_>>); N]) {
+    let mut present = [("", Attribute::Bool(false)); N];
+    let mut count = 0;
+    for (key, value) in attributes {
+        if let Some(value) = value {
+            present[count] = (key, value);
+            count += 1;
+        }
+    }
+    toolgate_core::trace::annotate(span, &present[..count]);
 }
 
 /// Awaits `work` while `leaf` (a child of the current span, started by the caller) measures
@@ -232,7 +302,6 @@ pub(crate) fn decision_span(action: &'static str, tenant: &str) -> Span {
         target: "toolgate::approval",
         "approval.decide",
         otel.name = format!("approval.{action}"),
-        otel.kind = "internal",
         otel.status_code = Empty,
         toolgate.tenant = tenant,
         toolgate.approval.action = action,

@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use slab::Slab;
-use toolgate_core::trace::{Access, ContextAccess, Leaf, LeafValue, SpanContext, SpanId, TraceId};
+use toolgate_core::trace::{
+    Access, Attribute, ContextAccess, Leaf, LeafValue, SpanContext, SpanId, TraceId,
+};
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
@@ -70,6 +72,23 @@ pub(crate) struct SpanRecord {
 }
 
 impl SpanRecord {
+    /// Writes attributes given by [`toolgate_core::trace::annotate`] (keys new to the span).
+    fn annotate(&mut self, attributes: &[(&'static str, Attribute<'_>)]) {
+        for (key, value) in attributes {
+            let value = match *value {
+                Attribute::Text(text) => Value::Text(text),
+                Attribute::Int(int) => Value::Int(int),
+                Attribute::Bool(bool) => Value::Bool(bool),
+            };
+            if let Some(special) = key.strip_prefix("otel.")
+                && self.set_special(special, value)
+            {
+                continue;
+            }
+            self.attributes.push(key, value);
+        }
+    }
+
     /// Sets one of the special `otel.*` fields (`special` is the name after `otel.`); false
     /// for any other name, which is then an attribute.
     fn set_special(&mut self, special: &str, value: Value<'_>) -> bool {
@@ -697,6 +716,18 @@ fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
         Access::Link(other) => {
             recorder.with_node(id, |node| node.record.links.push(other));
         }
+        Access::Annotate {
+            attributes,
+            written,
+        } => {
+            recorder.with_node(id, |node| {
+                // An unsampled span keeps no fields (see `new_span`).
+                if node.record.context.sampled {
+                    node.record.annotate(attributes);
+                }
+            });
+            *written = true;
+        }
     }
 }
 
@@ -1030,5 +1061,73 @@ mod tests {
             attribute(&spans[0], "key"),
             Some(any_value::Value::StringValue("value".into()))
         );
+    }
+
+    #[test]
+    fn annotated_attributes_and_special_fields_go_straight_into_the_record() {
+        use toolgate_core::trace::annotate;
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let spans = recorded(&queue, || {
+            let span = tracing::info_span!(
+                "annotated",
+                otel.name = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+                early = "first",
+                text = tracing::field::Empty,
+                int = tracing::field::Empty,
+                flag = tracing::field::Empty,
+            );
+            annotate(
+                &span,
+                &[
+                    ("otel.name", Attribute::Text("execute_tool noop")),
+                    ("text", Attribute::Text("value")),
+                    ("int", Attribute::Int(-3)),
+                ],
+            );
+            annotate(
+                &span,
+                &[
+                    ("flag", Attribute::Bool(true)),
+                    ("otel.status_code", Attribute::Text("error")),
+                ],
+            );
+        });
+        assert_eq!(spans.len(), 1);
+        let span = &spans[0];
+        assert_eq!(span.name, "execute_tool noop");
+        assert_eq!(
+            span.status.as_ref().map(|status| status.code),
+            Some(status::StatusCode::Error as i32)
+        );
+        let expected = [
+            ("early", any_value::Value::StringValue("first".into())),
+            ("text", any_value::Value::StringValue("value".into())),
+            ("int", any_value::Value::IntValue(-3)),
+            ("flag", any_value::Value::BoolValue(true)),
+        ];
+        let expected: Vec<(String, any_value::Value)> = expected
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), value))
+            .collect();
+        assert_eq!(
+            attributes(span),
+            expected,
+            "no special field is an attribute"
+        );
+    }
+
+    #[test]
+    fn an_unsampled_span_takes_annotations_and_keeps_none() {
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let logs = Box::new(tracing::subscriber::NoSubscriber::default());
+        let recorder =
+            Recorder::new(Arc::clone(&queue), logs).with_sampler(Sampler::new(false, 0.0));
+        tracing::subscriber::with_default(recorder, || {
+            let root = tracing::info_span!("root");
+            let child = root.in_scope(|| tracing::info_span!("child", key = tracing::field::Empty));
+            toolgate_core::trace::annotate(&child, &[("key", Attribute::Text("value"))]);
+        });
+        assert!(decoded(&queue).is_empty());
     }
 }
