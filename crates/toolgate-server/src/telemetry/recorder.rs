@@ -80,18 +80,18 @@ impl SpanRecord {
                 Attribute::Int(int) => Value::Int(int),
                 Attribute::Bool(bool) => Value::Bool(bool),
             };
-            if let Some(special) = key.strip_prefix("otel.")
-                && self.set_special(special, value)
-            {
-                continue;
+            if !self.set_special(key, value) {
+                self.attributes.push(key, value);
             }
-            self.attributes.push(key, value);
         }
     }
 
-    /// Sets one of the special `otel.*` fields (`special` is the name after `otel.`); false
-    /// for any other name, which is then an attribute.
-    fn set_special(&mut self, special: &str, value: Value<'_>) -> bool {
+    /// Sets one of the special `otel.*` fields named `key`; false for any other name, which is
+    /// then an attribute.
+    fn set_special(&mut self, key: &str, value: Value<'_>) -> bool {
+        let Some(special) = key.strip_prefix("otel.") else {
+            return false;
+        };
         let text = || match value {
             Value::Text(text) => Cow::Borrowed(text),
             Value::Debug(value) => Cow::Owned(format!("{value:?}")),
@@ -167,9 +167,7 @@ impl Visit for Formatted {
 impl Fields<'_> {
     fn put(&mut self, field: &Field, value: Value<'_>) {
         let key = field.name();
-        if let Some(special) = key.strip_prefix("otel.")
-            && self.record.set_special(special, value)
-        {
+        if self.record.set_special(key, value) {
             return;
         }
         let bit = u32::try_from(field.index())
@@ -1118,16 +1116,55 @@ mod tests {
     }
 
     #[test]
-    fn an_unsampled_span_takes_annotations_and_keeps_none() {
+    fn the_recorder_takes_the_annotations_of_its_spans_sampled_or_not() {
+        // Taken (`written`), they are not recorded again through `tracing` as for another
+        // subscriber; an unsampled span keeps none of them and is not exported.
+        // parentbased_always_off: a root of its own is unsampled, a sampled caller's child not.
         let queue = Arc::new(SpanQueue::new(16, 8));
         let logs = Box::new(tracing::subscriber::NoSubscriber::default());
         let recorder =
-            Recorder::new(Arc::clone(&queue), logs).with_sampler(Sampler::new(false, 0.0));
+            Recorder::new(Arc::clone(&queue), logs).with_sampler(Sampler::new(true, 0.0));
+        let taken = |span: &tracing::Span| {
+            let mut written = false;
+            tracing::dispatcher::get_default(|dispatch| {
+                access(
+                    dispatch,
+                    &span.id().unwrap(),
+                    Access::Annotate {
+                        attributes: &[("key", Attribute::Text("value"))],
+                        written: &mut written,
+                    },
+                );
+            });
+            written
+        };
         tracing::subscriber::with_default(recorder, || {
-            let root = tracing::info_span!("root");
-            let child = root.in_scope(|| tracing::info_span!("child", key = tracing::field::Empty));
-            toolgate_core::trace::annotate(&child, &[("key", Attribute::Text("value"))]);
+            let unsampled = tracing::info_span!("unsampled", key = tracing::field::Empty);
+            assert!(
+                taken(&unsampled),
+                "an unsampled span's annotations are taken"
+            );
+            drop(unsampled);
+
+            let sampled = tracing::info_span!("sampled", key = tracing::field::Empty);
+            let caller = SpanContext::from_w3c(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                None,
+            )
+            .unwrap();
+            toolgate_core::trace::set_parent(&sampled, caller);
+            assert!(taken(&sampled), "a sampled span's annotations are taken");
         });
-        assert!(decoded(&queue).is_empty());
+        let spans = decoded(&queue);
+        let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
+        assert_eq!(names, ["sampled"], "the unsampled span is not exported");
+        assert_eq!(
+            attributes(&spans[0]),
+            [(
+                "key".to_owned(),
+                any_value::Value::StringValue("value".into())
+            )],
+            "taken once: not recorded again through tracing"
+        );
     }
 }
