@@ -5,7 +5,7 @@
 //! own, with one fsync, and a call commits twice (its `running` row before the connector runs,
 //! its terminal row before the answer). This measures the least such a commit can cost here:
 //! a writer thread that owns a connection set up as the ledger's (WAL, `synchronous = FULL`,
-//! the same bundled SQLite) waits for a request, commits one small row in a table with one
+//! the same bundled SQLite, through the same VFS) waits for a request, commits one small row in a table with one
 //! index, and answers; a caller thread starts "calls" at the bench's rate, each two such
 //! requests one after the other, waiting for each answer as an engine task waits for the
 //! ledger. Both threads sleep between calls, so the figure includes the wake-ups a light load
@@ -237,8 +237,14 @@ pub(crate) fn measure(
 /// ledger has that done beside its writer: the floor's commits touch so few pages that a
 /// checkpoint copies a handful.
 fn open(path: &Path) -> anyhow::Result<rusqlite::Connection> {
-    let conn = rusqlite::Connection::open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+    // Through the VFS the ledger's writer uses (a commit's log frames in one write).
+    toolgate_sqlite_vfs::register()?;
+    let conn = rusqlite::Connection::open_with_flags_and_vfs(
+        path,
+        rusqlite::OpenFlags::default(),
+        toolgate_sqlite_vfs::NAME,
+    )
+    .with_context(|| format!("cannot open {}", path.display()))?;
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; \
          PRAGMA synchronous = FULL; \

@@ -67,9 +67,14 @@ impl LiteConn {
         let display = path.display();
         let failed =
             |error: rusqlite::Error| LedgerError::Database(format!("ledger {display}: {error}"));
-        let conn = Connection::open_with_flags(
+        // Through the VFS that writes a commit's log frames in one system call, not two a
+        // page (it needs `synchronous = FULL`, checked below).
+        toolgate_sqlite_vfs::register()
+            .map_err(|error| LedgerError::Database(format!("ledger {display}: {error}")))?;
+        let conn = Connection::open_with_flags_and_vfs(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            toolgate_sqlite_vfs::NAME,
         )
         .map_err(failed)?;
         conn.busy_timeout(busy_timeout).map_err(failed)?;
@@ -82,6 +87,16 @@ impl LiteConn {
              PRAGMA secure_delete = ON;",
         )
         .map_err(failed)?;
+        // Durability, and the gathering VFS's correctness, rest on every commit syncing the
+        // log before it is published.
+        let synchronous: i64 = conn
+            .query_row("PRAGMA synchronous", [], |row| row.get(0))
+            .map_err(failed)?;
+        if synchronous < 2 {
+            return Err(LedgerError::Database(format!(
+                "ledger {display}: synchronous is {synchronous}, not FULL (2)"
+            )));
+        }
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         // Commits no longer checkpoint by themselves: the writer has that done beside it.
         super::backfill::watch_log(&conn);
