@@ -237,7 +237,7 @@ pub(crate) fn measure(
 /// ledger has that done beside its writer: the floor's commits touch so few pages that a
 /// checkpoint copies a handful.
 fn open(path: &Path) -> anyhow::Result<rusqlite::Connection> {
-    // Through the VFS the ledger's writer uses (a commit's log frames in one write).
+    // Through the VFS the ledger's writer uses (a commit's log frames 16 KiB at a time).
     toolgate_sqlite_vfs::register()?;
     let conn = rusqlite::Connection::open_with_flags_and_vfs(
         path,

@@ -67,8 +67,8 @@ impl LiteConn {
         let display = path.display();
         let failed =
             |error: rusqlite::Error| LedgerError::Database(format!("ledger {display}: {error}"));
-        // Through the VFS that writes a commit's log frames in one system call, not two a
-        // page (it needs `synchronous = FULL`, checked below).
+        // Through the VFS that writes a commit's log frames 16 KiB at a time, not two system
+        // calls a page (it needs `synchronous = FULL`, checked below).
         toolgate_sqlite_vfs::register()
             .map_err(|error| LedgerError::Database(format!("ledger {display}: {error}")))?;
         let conn = Connection::open_with_flags_and_vfs(
