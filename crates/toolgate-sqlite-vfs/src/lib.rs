@@ -17,8 +17,15 @@
 //! before the commit returns. **Only** `synchronous = FULL` (or `EXTRA`) may be used through
 //! this VFS: with `NORMAL` or `OFF` a commit publishes its frames without a sync, and a reader
 //! could look for frames still gathered here. A failed write surfaces at the sync (or read)
-//! that wrote it, which fails the commit as a failed sync would; the frames SQLite had not yet
-//! published are then written again by the next transaction.
+//! that wrote it as an I/O error, which makes SQLite roll the whole transaction back; the
+//! frames it had not published are written again by the next transaction.
+//!
+//! One connection only may write a database's log through it, and no other connection may
+//! write that log at all (the ledger's writer is its file's only writer): bytes gathered by a
+//! transaction that spilled pages and then rolled back are written later, with the
+//! connection's next write, and would land on frames another writer committed meanwhile.
+//! A database without power-safe overwrite (`psow=0`) has its log left ungathered (see
+//! [`power_safe`]).
 //!
 //! Connections choose it by name ([`NAME`], after [`register`]); it is never the default.
 
@@ -142,7 +149,9 @@ unsafe extern "C" fn open(
     let Some(platform_open) = (unsafe { (*base).xOpen }) else {
         return ffi::SQLITE_CANTOPEN;
     };
-    if flags & ffi::SQLITE_OPEN_WAL == 0 {
+    // SAFETY: `name` is the filename SQLite hands `xOpen`, which `sqlite3_uri_boolean`
+    // accepts for a `-wal` file (it finds the database's URI parameters from it).
+    if flags & ffi::SQLITE_OPEN_WAL == 0 || !unsafe { power_safe(name) } {
         // SAFETY: SQLite gave `file` this VFS's `szOsFile` bytes, more than the platform's
         // own; the other arguments are SQLite's, handed on.
         return unsafe { platform_open(base, name, file, flags, out_flags) };
@@ -175,6 +184,22 @@ unsafe extern "C" fn open(
     // value yet, so nothing is overwritten that would need dropping. `wal_close` drops it.
     unsafe { file.cast::<WalFile>().write(wal) };
     ffi::SQLITE_OK
+}
+
+/// Whether the database of the `-wal` file `name` has power-safe overwrite, as the `unix`
+/// VFS decides it: its `psow` URI parameter, by default the build's `SQLITE_POWERSAFE_OVERWRITE`
+/// (1 unless built with 0). Without it SQLite pads a commit to a sector boundary and writes
+/// the rest of its last padding frame *after* the sync, then publishes the commit: bytes
+/// gathered then would be published before they are in the file. Such a log is not gathered.
+///
+/// # Safety
+/// `name` is a filename SQLite gave `xOpen` (or null).
+unsafe fn power_safe(name: ffi::sqlite3_filename) -> bool {
+    // SAFETY: a static C string; the answer is fixed for the linked SQLite.
+    let built_off =
+        unsafe { ffi::sqlite3_compileoption_used(c"POWERSAFE_OVERWRITE=0".as_ptr()) } != 0;
+    // SAFETY: the caller's contract; SQLite's own `unixOpen` asks the same of its filenames.
+    unsafe { ffi::sqlite3_uri_boolean(name, c"psow".as_ptr(), c_int::from(!built_off)) != 0 }
 }
 
 /// Closes a platform file that has methods (SQLite's contract: a file whose `pMethods` is set
@@ -239,7 +264,11 @@ unsafe fn methods<'a>(real: *mut ffi::sqlite3_file) -> &'a ffi::sqlite3_io_metho
 
 impl WalFile {
     /// Hands the gathered bytes to the platform's file, in one write. They are dropped whether
-    /// it succeeds or not: after a failure SQLite writes its unpublished frames again.
+    /// it succeeds or not. A failure is answered as `SQLITE_IOERR_WRITE` whatever the
+    /// platform said (a full disk included): SQLite had been told those writes succeeded, and
+    /// only an I/O error makes it roll the whole transaction back (a full disk during a
+    /// statement with a statement journal undoes only that statement, and a later COMMIT
+    /// would publish the frames that were never written).
     fn flush(&mut self) -> c_int {
         if self.gathered.is_empty() {
             return ffi::SQLITE_OK;
@@ -259,8 +288,14 @@ impl WalFile {
                 None => ffi::SQLITE_IOERR_WRITE,
             }
         };
+        #[cfg(test)]
+        let rc = tests::injected_failure().unwrap_or(rc);
         self.gathered.clear();
-        rc
+        if rc == ffi::SQLITE_OK {
+            rc
+        } else {
+            ffi::SQLITE_IOERR_WRITE
+        }
     }
 
     /// Where the gathered bytes end in the file.
@@ -306,6 +341,8 @@ unsafe extern "C" fn wal_read(
     amount: c_int,
     offset: ffi::sqlite3_int64,
 ) -> c_int {
+    #[cfg(test)]
+    let _reading = tests::Reading::new();
     // SAFETY: SQLite's call on a file `open` opened; the arguments are handed on.
     unsafe {
         flushed(file, |real, methods| match methods.xRead {
@@ -344,10 +381,13 @@ unsafe extern "C" fn wal_write(
             }
         };
     }
+    if len == 0 {
+        return ffi::SQLITE_OK;
+    }
     if wal.gathered.is_empty() {
         wal.at = offset;
     }
-    // SAFETY: SQLite's buffer holds `amount` bytes for the call; they are copied.
+    // SAFETY: SQLite's buffer holds `amount` bytes (more than 0) for the call; they are copied.
     let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
     wal.gathered.extend_from_slice(bytes);
     ffi::SQLITE_OK

@@ -10,6 +10,38 @@ thread_local! {
     static WAL_WRITES: Cell<u64> = const { Cell::new(0) };
 }
 
+thread_local! {
+    /// A result code the next flush on this thread made by a read answers instead of the
+    /// platform's.
+    static FAIL_NEXT_READ_FLUSH: Cell<Option<std::ffi::c_int>> = const { Cell::new(None) };
+    /// Whether this thread is in `xRead`.
+    static READING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as in `xRead` while it lives.
+pub(super) struct Reading;
+
+impl Reading {
+    pub(super) fn new() -> Reading {
+        READING.with(|reading| reading.set(true));
+        Reading
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.with(|reading| reading.set(false));
+    }
+}
+
+pub(super) fn injected_failure() -> Option<std::ffi::c_int> {
+    if READING.with(Cell::get) {
+        FAIL_NEXT_READ_FLUSH.with(Cell::take)
+    } else {
+        None
+    }
+}
+
 pub(super) fn count_write() {
     WAL_WRITES.with(|writes| writes.set(writes.get() + 1));
 }
@@ -219,4 +251,65 @@ fn the_log_restarts_and_truncates_and_stays_readable() {
     drop(conn);
     let reopened = gathered(&path);
     assert_eq!(check_rows(&reopened, 2500), 150);
+}
+
+#[test]
+fn a_database_without_power_safe_overwrite_has_its_log_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    register().unwrap();
+    // `psow=0`: SQLite pads each commit to a sector and writes the end of its last frame
+    // after the sync, so nothing may be gathered.
+    let uri = format!("file:{}?psow=0", path.display());
+    let mut conn =
+        Connection::open_with_flags_and_vfs(&uri, FLAGS.union(OpenFlags::SQLITE_OPEN_URI), NAME)
+            .unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
+        .unwrap();
+    create(&conn);
+    let reader = plain(&path);
+    let before = wal_writes();
+    for round in 0..10 {
+        insert(&mut conn, round * 5, round * 5 + 5, 1500);
+        let count: i64 = reader
+            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(count, round * 5 + 5);
+    }
+    assert_eq!(wal_writes(), before, "nothing gathered");
+    assert_eq!(check_rows(&reader, 1500), 50);
+}
+
+#[test]
+fn a_failed_write_rolls_the_whole_transaction_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let mut conn = gathered(&path);
+    conn.execute_batch("PRAGMA cache_size = 10").unwrap();
+    create(&conn);
+    insert(&mut conn, 0, 20, 900);
+    let tx = conn.transaction().unwrap();
+    for row in 100..500 {
+        tx.execute(
+            "INSERT INTO t (id, b) VALUES (?1, ?2)",
+            params![row, blob(row, 900)],
+        )
+        .unwrap();
+    }
+    // The platform's file is full when the spilled pages are read back: SQLite must not go
+    // on as if the writes it was told had succeeded were in the file.
+    FAIL_NEXT_READ_FLUSH.with(|fail| fail.set(Some(rusqlite::ffi::SQLITE_FULL)));
+    let failed = tx.execute("UPDATE t SET b = zeroblob(900) WHERE id >= 100", []);
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(
+        FAIL_NEXT_READ_FLUSH.with(Cell::take),
+        None,
+        "the failure was used"
+    );
+    // Whatever COMMIT answers, none of the transaction is in the database.
+    let _ = tx.commit();
+    assert!(conn.is_autocommit());
+    assert_eq!(check_rows(&conn, 900), 20);
+    drop(conn);
+    assert_eq!(check_rows(&plain(&path), 900), 20);
 }
