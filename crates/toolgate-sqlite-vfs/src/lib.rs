@@ -8,8 +8,8 @@
 //! memory and handed to the platform's file in writes of at most 16 KiB (three frames of 4 KiB
 //! pages), before anything that could need them on disk or read them back: a sync, a read, a
 //! truncation, a size query, a file-control call, a mapping, a write elsewhere in the file, or
-//! the file's close. Every other file (the
-//! database, its shared-memory index, journals) is the platform's, untouched.
+//! the file's close. Every other file (the database, its shared-memory index, journals) is the
+//! platform's, untouched.
 //!
 //! Durability is SQLite's: with `PRAGMA synchronous = FULL`, a WAL commit syncs the log
 //! before it publishes the commit in the shared-memory index, so the gathered frames are
@@ -25,7 +25,7 @@
 //! transaction that spilled pages and then rolled back are written later, with the
 //! connection's next write, and would land on frames another writer committed meanwhile.
 //! A database without power-safe overwrite (`psow=0`) has its log left ungathered (see
-//! [`power_safe`]).
+//! `power_safe`).
 //!
 //! Connections choose it by name ([`NAME`], after [`register`]); it is never the default.
 
