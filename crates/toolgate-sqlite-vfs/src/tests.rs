@@ -1,3 +1,5 @@
+mod methods;
+
 use std::cell::Cell;
 use std::path::Path;
 
