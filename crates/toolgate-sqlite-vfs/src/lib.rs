@@ -43,10 +43,10 @@ const NAME_C: &CStr = c"toolgate-gathered-wal";
 /// The most bytes gathered before they are written (three frames of 4 KiB pages): a commit
 /// of 60 pages is 20 writes, not 120. Writing 60 frames took 225 µs as two writes a frame,
 /// about 85 µs in 12 KiB writes and 63 µs in 128 KiB ones. Larger writes would save little
-/// more and cost bytes on disk: Linux caches a large write in folios as large as the write (up to the
-/// filesystem's limit; ext4 has them since 6.16), and a later commit that starts inside one
-/// makes the whole folio dirty again, so every commit rewrote up to a whole folio of the one
-/// before. Measured with writes of up to 128 KiB: 80% more bytes written per call at 1,000
+/// more and cost bytes on disk: Linux caches a large write in folios as large as the write
+/// (up to the filesystem's limit; ext4 has them since 6.16), and a later commit that starts
+/// inside one makes the whole folio dirty again, so every commit rewrote up to a whole folio
+/// of the one before. Measured with writes of up to 128 KiB: 80% more bytes written per call at 1,000
 /// calls/s than two writes a frame, and 16% more saturated. (The `unix` VFS writes at most
 /// 128 KiB - 1 bytes in one call in any case: it masks a larger count.)
 const GATHER_LIMIT: usize = 16 * 1024;

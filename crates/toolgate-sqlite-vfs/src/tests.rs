@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use super::{NAME, register};
+use super::{GATHER_LIMIT, NAME, register};
 
 thread_local! {
     /// Writes handed to the platform's `-wal` files on this thread.
@@ -127,10 +127,14 @@ fn registering_again_answers_as_the_first_time_and_never_makes_it_the_default() 
     assert_ne!(default.to_str().unwrap(), NAME);
 }
 
-/// The writes a commit of `frames` frames of 4 KiB pages takes: pieces of up to 16 KiB.
+/// The writes a commit of `frames` frames of 4 KiB pages takes: pieces of up to
+/// [`GATHER_LIMIT`] bytes, each as many whole frames as fit (one more for a log header or a
+/// frame written apart).
 fn writes_for(frames: i64) -> std::ops::RangeInclusive<u64> {
-    let bytes = u64::try_from(frames).unwrap() * (24 + 4096);
-    bytes.div_ceil(16 * 1024)..=bytes.div_ceil(3 * (24 + 4096)) + 1
+    let frame = 24 + 4096;
+    let bytes = u64::try_from(frames).unwrap() * frame;
+    let limit = u64::try_from(GATHER_LIMIT).unwrap();
+    bytes.div_ceil(limit)..=bytes.div_ceil(limit / frame * frame) + 1
 }
 
 #[test]
