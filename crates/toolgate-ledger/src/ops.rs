@@ -598,6 +598,9 @@ pub struct WriterStats {
     /// PostgreSQL: hot operations that could not be written in one round trip either and were
     /// redone statement by statement. Always 0 on SQLite.
     pub step_by_step: u64,
+    /// SQLite: commits of one operation that its caller made itself, on its own thread, as
+    /// the writer was idle (counted in `commits` too). Always 0 on PostgreSQL.
+    pub inline: u64,
 }
 
 /// What the writer task counts, for [`WriterStats`], and who else it tells.
@@ -607,6 +610,7 @@ pub(crate) struct Counters {
     pub(crate) ops: AtomicU64,
     pub(crate) bulk_fallbacks: AtomicU64,
     pub(crate) step_by_step: AtomicU64,
+    pub(crate) inline: AtomicU64,
     /// Told of every batch, once set (by the store's `observe`).
     pub(crate) observer: std::sync::OnceLock<std::sync::Arc<dyn crate::LedgerObserver>>,
 }
@@ -636,6 +640,7 @@ impl Counters {
             ops: self.ops.load(Ordering::Relaxed),
             bulk_fallbacks: self.bulk_fallbacks.load(Ordering::Relaxed),
             step_by_step: self.step_by_step.load(Ordering::Relaxed),
+            inline: self.inline.load(Ordering::Relaxed),
         }
     }
 }

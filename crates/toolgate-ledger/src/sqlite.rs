@@ -1,6 +1,7 @@
-//! The SQLite ledger: one file in WAL mode, one writer thread doing group commit over a
-//! connection that calls SQLite directly, and a small pool of read-only sqlx connections for
-//! queries (and the migrations, run before the writer starts).
+//! The SQLite ledger: one file in WAL mode, one write connection that calls SQLite directly,
+//! used by a writer thread doing group commit or, when a write is the only one about, by its
+//! caller at once (see `writer`), and a small pool of read-only sqlx connections for queries
+//! (and the migrations, run before the writer starts).
 //!
 //! Durability: `synchronous = FULL`, so every COMMIT fsyncs the WAL before any caller of that
 //! batch is answered. (`NORMAL` in WAL mode survives a process crash but may lose the last
@@ -30,6 +31,7 @@ mod tests;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
@@ -48,7 +50,7 @@ use crate::ops::{Command, Counters, OpKind, Reply, WriteOp, WriterStats};
 use crate::rows::{call_columns, call_from_row, read_error};
 use crate::sql::{Dialect, query};
 use crate::sqlite::direct::LiteConn;
-use crate::sqlite::writer::Writer;
+use crate::sqlite::writer::{Inline, Shared, Writer};
 use crate::steps::SqlConn;
 use crate::verify::VerifyWith;
 
@@ -66,7 +68,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct SqliteStore {
     /// `None` for a store opened read-only.
-    writer: Option<mpsc::Sender<Command>>,
+    writer: Option<WriteHandle>,
     read: SqlitePool,
     counters: Arc<Counters>,
     /// The calls (their `seq`, as a JSON array) that were `running` when the store was opened:
@@ -77,6 +79,66 @@ pub struct SqliteStore {
     keys: Option<Arc<dyn AuditKeys>>,
     /// Whether this store's open applied the keyed chain's migration.
     keyed_upgrade: bool,
+}
+
+/// The way to the writer: its queue, and the connection itself for inline commits.
+#[derive(Debug)]
+struct WriteHandle {
+    queue: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    /// Writes between their `submit` and the decision whether to commit inline.
+    deciding: AtomicUsize,
+}
+
+impl WriteHandle {
+    /// Commits `op` on this thread if it is the only write about: nothing queued, nobody
+    /// committing, and no other write on its way. A write committed inline blocks its thread
+    /// for the commit's fsync, and so every task waiting for that thread: the gateway serves
+    /// calls from one worker thread on two cores. Should the tasks a batch's answer woke each
+    /// commit inline in turn, they would commit one at a time, a fsync each, and nothing would
+    /// be batched again (measured: 2,200 calls/s where batching gave 14,000). So a write first
+    /// lets every task that is ready run (one `yield_now`), and those that reach `submit`
+    /// meanwhile count themselves in `deciding`: a write that finds another deciding queues,
+    /// and they are committed together.
+    async fn inline(&self, op: OpKind) -> Inline {
+        if !self.idle() {
+            return Inline::Busy(op);
+        }
+        let deciding = Deciding::enter(&self.deciding);
+        tokio::task::yield_now().await;
+        if deciding.alone() && self.idle() {
+            drop(deciding);
+            self.shared.try_inline(op)
+        } else {
+            Inline::Busy(op)
+        }
+    }
+
+    /// Whether nothing is queued.
+    fn idle(&self) -> bool {
+        self.queue.capacity() == self.queue.max_capacity()
+    }
+}
+
+/// A write counted among those deciding, for as long as it is.
+struct Deciding<'a>(&'a AtomicUsize);
+
+impl<'a> Deciding<'a> {
+    fn enter(count: &'a AtomicUsize) -> Deciding<'a> {
+        count.fetch_add(1, Ordering::AcqRel);
+        Deciding(count)
+    }
+
+    /// Whether no other write is deciding.
+    fn alone(&self) -> bool {
+        self.0.load(Ordering::Acquire) == 1
+    }
+}
+
+impl Drop for Deciding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl SqliteStore {
@@ -115,9 +177,9 @@ impl SqliteStore {
     /// Writes waiting in the writer's queue.
     #[cfg(test)]
     fn queued(&self) -> usize {
-        self.writer
-            .as_ref()
-            .map_or(0, |writer| writer.max_capacity() - writer.capacity())
+        self.writer.as_ref().map_or(0, |writer| {
+            writer.queue.max_capacity() - writer.queue.capacity()
+        })
     }
 
     /// Opens an existing ledger for reading only: no lock, no migration, no writer, so it works
@@ -247,17 +309,22 @@ impl SqliteStore {
         // The lock lives as long as the writer: a store dropped without `close` keeps the file
         // until its queued writes are committed.
         let backfill = backfill::Backfill::start(path);
-        Writer::new(
+        let (writer, shared) = Writer::new(
             direct,
             rx,
             Arc::clone(&counters),
             lock,
             keys.clone(),
             backfill,
-        )
-        .spawn(gate)?;
+            gate.is_some(),
+        );
+        writer.spawn(gate)?;
         Ok(SqliteStore {
-            writer: Some(tx),
+            writer: Some(WriteHandle {
+                queue: tx,
+                shared,
+                deciding: AtomicUsize::new(0),
+            }),
             read,
             counters,
             interrupted,
@@ -272,7 +339,7 @@ impl SqliteStore {
     pub async fn close(&self) {
         if let Some(writer) = &self.writer {
             let (done, closed) = oneshot::channel();
-            if writer.send(Command::Close(done)).await.is_ok() {
+            if writer.queue.send(Command::Close(done)).await.is_ok() {
                 // An error means the writer is gone already, which is what we wanted.
                 let _ = closed.await;
             }
@@ -291,13 +358,19 @@ impl SqliteStore {
         let _ = self.counters.observer.set(observer);
     }
 
-    /// Queues a write and waits until its batch has committed.
+    /// Commits a write and answers once it is durable: on this thread when it is the only
+    /// write about (see `inline`), otherwise through the writer's queue, in the next batch.
     async fn submit(&self, kind: OpKind) -> Result<Reply, LedgerError> {
         let Some(writer) = &self.writer else {
             return Err(LedgerError::ReadOnly);
         };
+        let kind = match writer.inline(kind).await {
+            Inline::Done(answer) => return answer,
+            Inline::Busy(kind) => kind,
+        };
         let (reply, answer) = oneshot::channel();
         writer
+            .queue
             .send(Command::Write(WriteOp { kind, reply }))
             .await
             .map_err(|_| LedgerError::Closed)?;

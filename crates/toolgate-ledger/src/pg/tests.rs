@@ -97,6 +97,7 @@ async fn one_batch(db: &Db, writes: Vec<Write>) -> (Vec<Answer>, WriterStats) {
         ops: after.ops - before.ops - 1,
         bulk_fallbacks: after.bulk_fallbacks - before.bulk_fallbacks,
         step_by_step: after.step_by_step - before.step_by_step,
+        inline: after.inline - before.inline,
     };
     (answers, stats)
 }

@@ -19,9 +19,10 @@
 //! holding old frames), the writer checkpoints by itself at [`LIMIT`] frames, as SQLite's
 //! automatic checkpoint did.
 //!
-//! How long the log is reaches the writer through SQLite's write-ahead-log hook, called on the
-//! writer's thread at every commit; the hook is a plain function (it can carry no state), so
-//! it leaves the count in a thread-local of that thread.
+//! How long the log is reaches the writer through SQLite's write-ahead-log hook, called at every
+//! commit on the thread that commits (the writer thread, or a caller committing inline); the
+//! hook is a plain function (it can carry no state), so it leaves the count in a thread-local
+//! of that thread, read right after the commit under the same lock.
 
 use std::cell::Cell;
 use std::path::Path;

@@ -48,6 +48,129 @@ async fn one_batch(db: Db, writes: Vec<Write>) -> (Db, Vec<Answer>, WriterStats)
     (db.with_sqlite_store(store), answers, stats)
 }
 
+/// A write while the writer is idle is committed by its caller, on the caller's own thread
+/// (no hop to the writer thread and back), and is as durable as a queued one: committed before
+/// it is answered, in the file when it is opened again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_at_idle_commits_on_the_callers_thread() {
+    let db = seeded(Backend::Sqlite, 100).await;
+    let before = db.stats();
+    db.store()
+        .record_call(new_call("acme", "run-1", "call-1", Some("use-1")))
+        .await
+        .unwrap();
+    assert!(
+        db.store()
+            .finish_call(finish("acme", "call-1"))
+            .await
+            .unwrap()
+    );
+    let after = db.stats();
+    assert_eq!(
+        (
+            after.inline - before.inline,
+            after.commits - before.commits,
+            after.ops - before.ops
+        ),
+        (2, 2, 2),
+        "{after:?}"
+    );
+
+    let db = db.reopen_without_close().await;
+    let call = db
+        .store()
+        .get_tool_call(&tenant_id("acme"), &call_id("call-1"))
+        .await
+        .unwrap()
+        .expect("the call");
+    assert_eq!(call.status, ToolCallStatus::Succeeded);
+    assert_eq!(
+        db.store().verify_chains().await.unwrap().first_problem,
+        None
+    );
+}
+
+/// Writes a call and finishes it, as the engine does.
+async fn call_and_finish(store: Arc<dyn Store>, i: usize) {
+    let id = format!("call-{i}");
+    let recorded = store
+        .record_call(new_call("acme", "run-1", &id, Some(&format!("use-{i}"))))
+        .await
+        .unwrap();
+    assert_eq!(recorded, RecordOutcome::Recorded);
+    assert!(store.finish_call(finish("acme", &id)).await.unwrap());
+}
+
+/// Writers arriving all at once queue and are committed in batches; a writer alone commits
+/// inline; and both at the same time (one caller after another beside a crowd) interleave on
+/// the one connection. Every write is answered once and stored once, and the audit chain the
+/// two ways extend together stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_and_queued_writes_interleave_without_loss() {
+    const CROWD: usize = 200;
+    const ALONE: usize = 20;
+    let db = seeded(Backend::Sqlite, 10_000).await;
+    let crowd = |from: usize| {
+        (from..from + CROWD)
+            .map(|i| tokio::spawn(call_and_finish(db.shared(), i)))
+            .collect::<Vec<_>>()
+    };
+
+    // A crowd: its writes are batched.
+    let before = db.stats();
+    for task in crowd(0) {
+        task.await.unwrap();
+    }
+    let after = db.stats();
+    assert_eq!(after.ops - before.ops, 2 * CROWD as u64, "{after:?}");
+    assert!(
+        after.commits - before.commits < 2 * CROWD as u64,
+        "{after:?}"
+    );
+
+    // One caller alone: every write inline.
+    let before = db.stats();
+    for i in CROWD..CROWD + ALONE {
+        call_and_finish(db.shared(), i).await;
+    }
+    let after = db.stats();
+    assert_eq!(
+        (after.inline - before.inline, after.commits - before.commits),
+        (2 * ALONE as u64, 2 * ALONE as u64),
+        "{after:?}"
+    );
+
+    // Both at once.
+    let lone = CROWD + ALONE;
+    let crowd = crowd(lone + ALONE);
+    for i in lone..lone + ALONE {
+        call_and_finish(db.shared(), i).await;
+    }
+    for task in crowd {
+        task.await.unwrap();
+    }
+
+    let total = 2 * (CROWD + ALONE);
+    let calls = db
+        .store()
+        .list_tool_calls(&tenant_id("acme"), &run_id("run-1"), None, 10_000)
+        .await
+        .unwrap();
+    assert_eq!(calls.len(), total);
+    assert!(
+        calls
+            .iter()
+            .all(|call| call.status == ToolCallStatus::Succeeded)
+    );
+    // The setup's events, then a call's requested and succeeded events each.
+    let events = events_of(db.store(), "acme").await;
+    assert_eq!(events.len(), 2 + 2 * total);
+    assert_eq!(
+        db.store().verify_chains().await.unwrap().first_problem,
+        None
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_hot_writes_commits_once() {
     let db = seeded(Backend::Sqlite, 100).await;
