@@ -3,14 +3,15 @@
 //!
 //! At a light, fixed rate nothing is batched: every ledger write of a call is a commit of its
 //! own, with one fsync, and a call commits twice (its `running` row before the connector runs,
-//! its terminal row before the answer). This measures the least such a commit can cost here:
-//! a writer thread that owns a connection set up as the ledger's (WAL, `synchronous = FULL`,
-//! the same bundled SQLite, through the same VFS) waits for a request, commits one small row in a table with one
-//! index, and answers; a caller thread starts "calls" at the bench's rate, each two such
-//! requests one after the other, waiting for each answer as an engine task waits for the
-//! ledger. Both threads sleep between calls, so the figure includes the wake-ups a light load
-//! costs, as the gateway's does. The CPU (user and kernel, from `/proc/thread-self/stat`) and
-//! context switches of both threads are counted over the measured window, per commit.
+//! its terminal row before the answer). This measures the least such a commit can cost here,
+//! as the gateway's ledger makes a lone call's commits (on the calling thread, no hand-off to
+//! a writer thread and back): one thread owns a connection set up as the ledger's (WAL,
+//! `synchronous = FULL`, the same bundled SQLite, through the same VFS), sleeps until a call is
+//! due at the bench's rate, and commits the call's two small rows in a table with one index,
+//! one after the other, each in a transaction of its own. It sleeps between calls, so the
+//! figure includes the wake-up a light load costs, once a call, as the gateway's worker wakes
+//! for a request. Its CPU (user and kernel, from `/proc/thread-self/stat`) and context
+//! switches are counted over the measured window, per commit.
 //!
 //! A call's time is taken from when it was due, not from when it started: a call due while an
 //! fsync is stalled (this machine's disk has them: 2-24 ms, a few times a second) waits for it,
@@ -19,7 +20,6 @@
 //! testing).
 
 use std::path::Path;
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -35,11 +35,10 @@ pub(crate) struct CommitFloor {
     pub(crate) rate: u32,
     /// Commits in the measured window.
     pub(crate) commits: u64,
-    /// CPU per commit of the writer thread (SQLite, the WAL writes, the fsync, its wake-up).
-    pub(crate) writer_cpu: Duration,
-    /// CPU per commit of the writer and the waiting caller together.
-    pub(crate) round_trip_cpu: Duration,
-    /// Context switches per commit of both threads.
+    /// CPU per commit of the committing thread: SQLite, the WAL writes, the fsync, and half its
+    /// wake-up at a call's due time.
+    pub(crate) cpu: Duration,
+    /// Context switches per commit.
     pub(crate) switches: f64,
     /// The commit's wall time (BEGIN to COMMIT returned), median and 99th percentile.
     pub(crate) p50: Duration,
@@ -54,9 +53,8 @@ impl CommitFloor {
     /// One line: the commit's CPU, switches and wall time.
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:.1} µs CPU per commit for writer and waiting caller ({:.1} µs the writer alone), {:.1} switches; commit p50 {} µs, p99 {} µs ({} commits); a call's 2 commits from when it was due p50 {} µs, p99 {} µs",
-            self.round_trip_cpu.as_secs_f64() * 1e6,
-            self.writer_cpu.as_secs_f64() * 1e6,
+            "{:.1} µs CPU and {:.1} switches per commit; commit p50 {} µs, p99 {} µs ({} commits); a call's 2 commits from when it was due p50 {} µs, p99 {} µs",
+            self.cpu.as_secs_f64() * 1e6,
             self.switches,
             self.p50.as_micros(),
             self.p99.as_micros(),
@@ -88,55 +86,6 @@ impl ThreadUse {
     }
 }
 
-/// What the caller asks the writer thread.
-enum Ask {
-    /// Commit row number `n` and answer with the commit's wall time.
-    Commit(u64),
-    /// Answer with the writer thread's own use so far.
-    Use,
-}
-
-enum Answer {
-    Committed(Duration),
-    Use(ThreadUse),
-}
-
-/// The caller's end of the writer thread's channels.
-struct Writer {
-    ask: mpsc::SyncSender<Ask>,
-    answers: mpsc::Receiver<anyhow::Result<Answer>>,
-}
-
-impl Writer {
-    fn round_trip(&self, asked: Ask) -> anyhow::Result<Answer> {
-        if self.ask.send(asked).is_err() {
-            // The writer stopped; its last answer, if it left one, says why.
-            return match self.answers.recv() {
-                Ok(Err(error)) => Err(error),
-                _ => anyhow::bail!("the floor's writer thread stopped"),
-            };
-        }
-        self.answers
-            .recv()
-            .ok()
-            .context("the floor's writer thread stopped")?
-    }
-
-    fn commit(&self, n: u64) -> anyhow::Result<Duration> {
-        match self.round_trip(Ask::Commit(n))? {
-            Answer::Committed(wall) => Ok(wall),
-            Answer::Use(_) => anyhow::bail!("the floor's writer answered out of turn"),
-        }
-    }
-
-    fn used(&self) -> anyhow::Result<ThreadUse> {
-        match self.round_trip(Ask::Use)? {
-            Answer::Use(used) => Ok(used),
-            Answer::Committed(_) => anyhow::bail!("the floor's writer answered out of turn"),
-        }
-    }
-}
-
 /// The row's text: about the size of a small ledger row's.
 const BODY: &str = "{\"tool\":\"testkit.echo\",\"status\":\"running\",\"input_sha256\":\"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\",\"run\":\"run_0000000000000000000000000000000\"}";
 
@@ -149,38 +98,32 @@ pub(crate) fn measure(
     duration: Duration,
 ) -> anyhow::Result<CommitFloor> {
     let path = dir.join("floor.db");
-    let (ask, asks) = mpsc::sync_channel::<Ask>(1);
-    let (answer, answers) = mpsc::sync_channel::<anyhow::Result<Answer>>(1);
-    let writer = thread::Builder::new()
+    // A thread of its own, as a gateway's worker is, so the CPU and switches counted are the
+    // commits' and the wake-ups', not the bench's.
+    thread::Builder::new()
         .name("floor-writer".into())
-        .spawn(move || {
-            let conn = match open(&path) {
-                Ok(conn) => conn,
-                Err(error) => {
-                    let _ = answer.send(Err(error));
-                    return;
-                }
-            };
-            for asked in asks {
-                let reply = match asked {
-                    Ask::Commit(n) => commit(&conn, n).map(Answer::Committed),
-                    Ask::Use => ThreadUse::now().map(Answer::Use),
-                };
-                if answer.send(reply).is_err() {
-                    return;
-                }
-            }
-        })
-        .context("cannot start the floor's writer thread")?;
+        .spawn(move || commit_at_rate(&path, rate, warmup, duration))
+        .context("cannot start the floor's thread")?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the floor's thread panicked"))?
+}
 
-    let writer_thread = Writer { ask, answers };
+/// The floor's thread: sleeps until a call is due, then commits its two rows one after the
+/// other, as a gateway's worker commits a lone call's.
+fn commit_at_rate(
+    path: &Path,
+    rate: u32,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<CommitFloor> {
+    let conn = open(path)?;
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
     let start = Instant::now();
     let measure_from = start + warmup;
     let end = measure_from + duration;
     let mut next = start;
     let mut n = 0u64;
-    let mut before: Option<(ThreadUse, ThreadUse)> = None;
+    let mut before: Option<ThreadUse> = None;
     let mut walls = Vec::new();
     let mut calls = Vec::new();
     loop {
@@ -189,7 +132,7 @@ pub(crate) fn measure(
             break;
         }
         if before.is_none() && now >= measure_from {
-            before = Some((ThreadUse::now()?, writer_thread.used()?));
+            before = Some(ThreadUse::now()?);
         }
         if let Some(wait) = next.checked_duration_since(now) {
             thread::sleep(wait);
@@ -198,7 +141,7 @@ pub(crate) fn measure(
         next += interval;
         for _ in 0..2 {
             n += 1;
-            let wall = writer_thread.commit(n)?;
+            let wall = commit(&conn, n)?;
             if before.is_some() {
                 walls.push(wall);
             }
@@ -207,24 +150,16 @@ pub(crate) fn measure(
             calls.push(due.elapsed());
         }
     }
-    let (caller_before, writer_before) = before.context("the floor's measured window was empty")?;
-    let writer_used = writer_thread.used()?.since(writer_before);
-    let caller_used = ThreadUse::now()?.since(caller_before);
-    drop(writer_thread);
-    writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("the floor's writer thread panicked"))?;
+    let used = ThreadUse::now()?.since(before.context("the floor's measured window was empty")?);
 
     let commits = u64::try_from(walls.len()).unwrap_or(u64::MAX).max(1);
     let wall = Latency::of(walls);
     let call = Latency::of(calls);
-    let per_commit = |total: Duration| total / u32::try_from(commits).unwrap_or(u32::MAX);
     Ok(CommitFloor {
         rate,
         commits,
-        writer_cpu: per_commit(writer_used.cpu),
-        round_trip_cpu: per_commit(writer_used.cpu + caller_used.cpu),
-        switches: (writer_used.switches + caller_used.switches) as f64 / commits as f64,
+        cpu: used.cpu / u32::try_from(commits).unwrap_or(u32::MAX),
+        switches: used.switches as f64 / commits as f64,
         p50: wall.p50,
         p99: wall.p99,
         call_p50: call.p50,
