@@ -1140,6 +1140,165 @@ mod tests {
         );
     }
 
+    /// A closed loop of `calls` in 10 s, the server at `server` and the client at `client`
+    /// percent of a core.
+    fn closed(calls: u64, server: f64, client: f64) -> ClosedLoop {
+        ClosedLoop {
+            concurrency: 128,
+            calls,
+            failed: 0,
+            first_failure: None,
+            elapsed: Duration::from_secs(10),
+            cpu: CpuUsage {
+                server_percent: server,
+                client_percent: client,
+                ..CpuUsage::default()
+            },
+        }
+    }
+
+    /// An open loop of 10,000 calls at 1,000 calls/s with this p50 and p99 (ms), the server
+    /// spending `cpu_us` of CPU a call.
+    fn open(p50_ms: u64, p99_ms: u64, cpu_us: u64) -> OpenLoop {
+        OpenLoop {
+            rate: 1000,
+            scheduled: 10_000,
+            failed: 0,
+            first_failure: None,
+            latency: Latency {
+                p50: Duration::from_millis(p50_ms),
+                p90: Duration::from_millis(p99_ms),
+                p99: Duration::from_millis(p99_ms),
+                p999: Duration::from_millis(p99_ms),
+                max: Duration::from_millis(p99_ms),
+            },
+            cpu: CpuUsage {
+                server_time: Duration::from_micros(cpu_us * 10_000),
+                ..CpuUsage::default()
+            },
+            send_lag_p99: Duration::ZERO,
+            elapsed: Duration::from_secs(10),
+        }
+    }
+
+    fn figures(closed: ClosedLoop, open: OpenLoop) -> TargetFigures {
+        TargetFigures {
+            closed,
+            open,
+            peak_rss_kib: 40 * 1024,
+            ledger: None,
+        }
+    }
+
+    /// A run's figures, made up so every bound can be worked out by hand: the echo server at
+    /// 50,000 calls/s; the gateway at 12,500 calls/s with itself at 100% of a core and its
+    /// client at 25% (80 and 20 µs a call); at the fixed rate the echo server adds 1 ms and
+    /// spends 80 µs a call, the gateway 3 ms and 300 µs; the floor's commit 90 µs, a call's two
+    /// commits 0.4 ms at the median.
+    fn report() -> Report {
+        Report {
+            options: OptionsSummary {
+                duration: Duration::from_secs(10),
+                concurrency: 128,
+                connections: 4,
+                rate: 1000,
+                client_threads: 1,
+                quick: false,
+                metrics: false,
+                runs: 1,
+            },
+            echo: figures(closed(500_000, 90.0, 60.0), open(1, 1, 80)),
+            gateway: figures(closed(125_000, 100.0, 25.0), open(3, 4, 300)),
+            mcp: figures(closed(100_000, 100.0, 25.0), open(3, 4, 300)),
+            startups: Vec::new(),
+            sweep: Vec::new(),
+            rates: Vec::new(),
+            gateway_stderr: None,
+            observed: figures(closed(120_000, 100.0, 25.0), open(3, 4, 300)),
+            overhead: crate::bench::overhead::Overhead {
+                rounds: Vec::new(),
+                window: Duration::from_secs(3),
+                names: ("plain", "observed"),
+                what: "traces",
+            },
+            instructions: None,
+            postgres: None,
+            postgres_storage: None,
+            redaction: RedactionFigures {
+                per_call: Duration::from_micros(9),
+                median: Duration::from_micros(9),
+                fastest: Duration::from_micros(9),
+                slowest: Duration::from_micros(9),
+                calls: 1,
+            },
+            floor: CommitFloor {
+                rate: 1000,
+                commits: 20_000,
+                cpu: Duration::from_micros(90),
+                switches: 2.5,
+                p50: Duration::from_micros(900),
+                p99: Duration::from_millis(3),
+                call_p50: Duration::from_micros(400),
+                call_p99: Duration::from_millis(5),
+            },
+        }
+    }
+
+    #[test]
+    fn each_target_is_judged_against_its_own_bound() {
+        let report = report();
+        let checks = report.checks();
+        let find = |name: &str| {
+            checks
+                .iter()
+                .find(|check| check.name == name)
+                .unwrap_or_else(|| panic!("no check {name}"))
+        };
+        let close = |value: Option<f64>, expected: f64| {
+            value.is_some_and(|value| (value - expected).abs() < 1e-6 * expected.max(1.0))
+        };
+        // The cores' ceiling: 80 + 20 µs a call on this machine's cores.
+        let ceiling = f64::from(cores()) * 1e6 / 100.0;
+
+        let ratio = find("throughput ratio gateway/echo");
+        assert!((ratio.value - 0.25).abs() < 1e-9, "{}", ratio.value);
+        assert!(ratio.at_least);
+        assert!(close(ratio.bound, ceiling / 50_000.0), "{:?}", ratio.bound);
+        assert_eq!(
+            ratio.out_of_reach(),
+            ceiling / 50_000.0 < GATEWAY_RATIO_TARGET
+        );
+
+        let throughput = find("gateway throughput");
+        assert!((throughput.value - 12_500.0).abs() < 1e-6);
+        assert!(close(throughput.bound, ceiling), "{:?}", throughput.bound);
+        assert!(throughput.pass());
+
+        // At the fixed rate: the gateway adds 3 - 1 = 2 ms at p50, against the floor's 0.4 ms
+        // (reachable, and missed); 4 - 1 = 3 ms at p99, against no bound.
+        let p50 = find("added p50 latency at the fixed rate");
+        assert!((p50.value - 2.0).abs() < 1e-9, "{}", p50.value);
+        assert!(close(p50.bound, 0.4), "{:?}", p50.bound);
+        assert!(!p50.pass());
+        assert!(!p50.out_of_reach());
+        let p99 = find("added p99 latency at the fixed rate");
+        assert!((p99.value - 3.0).abs() < 1e-9, "{}", p99.value);
+        assert_eq!(p99.bound, None);
+
+        // CPU: the echo server's 80 µs and two commits of 90: a floor of 260 µs, past 150.
+        let cpu = find("gateway CPU per call at the fixed rate");
+        assert!((cpu.value - 300.0).abs() < 1e-9, "{}", cpu.value);
+        assert!(close(cpu.bound, 260.0), "{:?}", cpu.bound);
+        assert!(cpu.out_of_reach());
+
+        // Without instruction counts that check is left out, not failed.
+        assert!(
+            checks
+                .iter()
+                .all(|check| check.name != "instructions traced+metrics / plain")
+        );
+    }
+
     #[test]
     fn the_ceiling_is_where_gateway_and_client_fill_every_core() {
         // 7,000 calls/s with the gateway at 140% of a core and the client at 49%: 200 µs and
