@@ -55,16 +55,7 @@ async fn one_batch(db: Db, writes: Vec<Write>) -> (Db, Vec<Answer>, WriterStats)
 async fn a_write_at_idle_commits_on_the_callers_thread() {
     let db = seeded(Backend::Sqlite, 100).await;
     let before = db.stats();
-    db.store()
-        .record_call(new_call("acme", "run-1", "call-1", Some("use-1")))
-        .await
-        .unwrap();
-    assert!(
-        db.store()
-            .finish_call(finish("acme", "call-1"))
-            .await
-            .unwrap()
-    );
+    call_and_finish(db.shared(), 1).await;
     let after = db.stats();
     assert_eq!(
         (
