@@ -256,7 +256,7 @@ impl Core {
         let (mut results, committed) = self.commit_ops(std::slice::from_ref(op));
         self.counters.batch_done(1, started, committed);
         if committed {
-            self.after_commit();
+            self.after_commit(1);
         }
         results
             .pop()
@@ -275,7 +275,7 @@ impl Core {
             let _ = reply.send(result);
         }
         if committed {
-            self.after_commit();
+            self.after_commit(kinds.len());
         }
     }
 
@@ -318,8 +318,8 @@ impl Core {
 
     /// Has the log copied into the database when it is due (see `backfill`), once the batch's
     /// callers have their answers.
-    fn after_commit(&mut self) {
-        if backfill::next(self.backfill.as_mut(), backfill::log_frames()) == Next::CatchUp
+    fn after_commit(&mut self, writes: usize) {
+        if backfill::next(self.backfill.as_mut(), backfill::log_frames(), writes) == Next::CatchUp
             && let Err(error) = self.conn.backfill()
         {
             warn!(%error, "copying the write-ahead log into the ledger failed");
