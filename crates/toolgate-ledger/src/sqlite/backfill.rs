@@ -278,17 +278,23 @@ mod tests {
         assert_eq!(copied, commits);
     }
 
-    /// At light load (commits of one write) a pass is asked for at the light threshold; under
-    /// load (batches of dozens) only at the full one; and back at light load, at the light one
-    /// again.
-    #[test]
-    fn the_threshold_follows_the_load() {
+    /// An empty database in WAL mode in a temporary directory (kept while the guard lives).
+    fn wal_ledger() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
         Connection::open(&path)
             .unwrap()
             .execute_batch("PRAGMA journal_mode = WAL;")
             .unwrap();
+        (dir, path)
+    }
+
+    /// At light load (commits of one write) a pass is asked for at the light threshold; under
+    /// load (batches of dozens) only at the full one; and back at light load, at the light one
+    /// again.
+    #[test]
+    fn the_threshold_follows_the_load() {
+        let (_dir, path) = wal_ledger();
         let mut backfill = Backfill::start_with(&path, 10, 100, 1000).unwrap();
         assert_eq!(backfill.after_commit(9, 1), Next::Wait);
         assert!(!backfill.asked);
@@ -329,12 +335,7 @@ mod tests {
     fn the_writer_catches_up_after_a_pass_or_past_the_limit() {
         assert_eq!(next(None, THRESHOLD - 1, 1), Next::Wait);
         assert_eq!(next(None, THRESHOLD, 1), Next::CatchUp);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ledger.db");
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch("PRAGMA journal_mode = WAL;")
-            .unwrap();
+        let (_dir, path) = wal_ledger();
         let mut backfill = Backfill::start_with(&path, 10, 10, 100).unwrap();
         assert_eq!(
             backfill.after_commit(9, 1),
