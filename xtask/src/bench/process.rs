@@ -558,6 +558,8 @@ pub(crate) struct CpuUsage {
     pub(crate) server_switches: u64,
     /// Server CPU time, in total.
     pub(crate) server_time: Duration,
+    /// The time between the snapshots (what the percentages are of).
+    pub(crate) wall: Duration,
     /// What the server wrote between the snapshots, when `/proc/PID/io` was readable.
     pub(crate) server_io: Option<IoCounters>,
 }
@@ -621,6 +623,7 @@ impl CpuSnapshot {
         CpuUsage {
             server_switches,
             server_time: self.server.saturating_sub(earlier.server),
+            wall: self.at.duration_since(earlier.at),
             server_percent: percent(self.server, earlier.server),
             server_threads,
             client_percent: percent(self.client, earlier.client),
