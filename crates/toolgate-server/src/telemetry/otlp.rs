@@ -170,12 +170,19 @@ async fn run(
     mut stopped: watch::Receiver<bool>,
 ) {
     loop {
-        let stopping = tokio::select! {
-            () = tokio::time::sleep(delay) => false,
-            () = queue.full() => false,
-            _ = stopped.changed() => true,
+        // Woken by a full batch, only full batches go: what is left of the queue joins the
+        // next one (it is first in line), rather than following as an export of its own
+        // whose round trip costs what a full one does. The schedule (and a stop) sends
+        // everything.
+        let (stopping, everything) = tokio::select! {
+            () = tokio::time::sleep(delay) => (false, true),
+            () = queue.full() => (false, false),
+            _ = stopped.changed() => (true, true),
         };
         loop {
+            if !everything && queue.len() < queue.batch() {
+                break;
+            }
             let batch = queue.take(queue.batch());
             if batch.is_empty() {
                 break;
@@ -1075,6 +1082,103 @@ mod tests {
         let lost = exporter.shutdown(Duration::from_secs(10)).await;
         assert_eq!(lost, 3);
         assert!(queue.take(usize::MAX).is_empty());
+    }
+
+    /// A collector on loopback that keeps the number of spans of each request it is sent.
+    #[derive(Clone, Default)]
+    struct Requests(Arc<std::sync::Mutex<Vec<usize>>>);
+
+    #[tonic::async_trait]
+    impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+        for Requests
+    {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<
+            tonic::Response<
+                opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+            >,
+            tonic::Status,
+        > {
+            let spans = request
+                .into_inner()
+                .resource_spans
+                .iter()
+                .flat_map(|resource| &resource.scope_spans)
+                .map(|scope| scope.spans.len())
+                .sum();
+            self.0.lock().unwrap().push(spans);
+            Ok(tonic::Response::new(Default::default()))
+        }
+    }
+
+    impl Requests {
+        /// Serves on a free loopback port, returned.
+        async fn serve(&self) -> u16 {
+            use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let service = TraceServiceServer::new(self.clone());
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+            );
+            port
+        }
+
+        fn sizes(&self) -> Vec<usize> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    /// A full batch wakes the exporter, and only full batches go then: the rest of the queue
+    /// waits for the next batch or the schedule, rather than following at once as a small
+    /// export that costs a round trip of its own. A stop sends it.
+    #[tokio::test]
+    async fn a_full_batch_goes_alone_and_the_rest_waits_for_the_schedule() {
+        let collector = Requests::default();
+        let port = collector.serve().await;
+        let export = TraceExport {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            schedule_delay: Duration::from_secs(600),
+            ..export()
+        };
+        // Six spans, batches of four: the fourth signals a full batch.
+        let queue = Arc::new(SpanQueue::new(16, 4));
+        let start = UNIX_EPOCH + Duration::from_secs(1);
+        for _ in 0..6 {
+            queue.push(EncodedSpan::new(record(start)));
+        }
+        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
+        let began = std::time::Instant::now();
+        while collector.sizes().is_empty() {
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "no export arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Time for a second export, had the rest followed.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(collector.sizes(), [4]);
+        assert_eq!(queue.len(), 2);
+        // Two more make a full batch with the two waiting.
+        for _ in 0..2 {
+            queue.push(EncodedSpan::new(record(start)));
+        }
+        while collector.sizes().len() < 2 {
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "no second export"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // One left over, sent by the stop.
+        queue.push(EncodedSpan::new(record(start)));
+        assert_eq!(exporter.shutdown(Duration::from_secs(10)).await, 0);
+        assert_eq!(collector.sizes(), [4, 4, 1]);
     }
 
     /// A collector that takes the connection and never answers: stopping does not wait past

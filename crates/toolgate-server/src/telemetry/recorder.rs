@@ -274,6 +274,14 @@ impl SpanQueue {
         self.batch
     }
 
+    /// The spans waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.spans
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .len()
+    }
+
     /// Resolves once a batch is waiting (or at once if one was signalled meanwhile).
     pub(crate) async fn full(&self) {
         self.wake.notified().await;
