@@ -347,20 +347,14 @@ impl Overhead {
         ] {
             figures[key] = serde_json::json!(value);
         }
-        let threads = self.threads();
-        for (name, of) in [
-            (
-                base_name,
-                (|cost: &ThreadCost| cost.base) as fn(&ThreadCost) -> f64,
-            ),
-            (measured_name, |cost: &ThreadCost| cost.measured),
-        ] {
-            let by_thread: serde_json::Map<String, serde_json::Value> = threads
-                .iter()
-                .map(|cost| (cost.thread.clone(), serde_json::json!(of(cost))))
-                .collect();
-            figures[format!("cpu_per_call_us_by_thread_{name}")] = by_thread.into();
+        let (mut base_threads, mut measured_threads) =
+            (serde_json::Map::new(), serde_json::Map::new());
+        for cost in self.threads() {
+            base_threads.insert(cost.thread.clone(), serde_json::json!(cost.base));
+            measured_threads.insert(cost.thread, serde_json::json!(cost.measured));
         }
+        figures[format!("cpu_per_call_us_by_thread_{base_name}")] = base_threads.into();
+        figures[format!("cpu_per_call_us_by_thread_{measured_name}")] = measured_threads.into();
         figures
     }
 }

@@ -9,8 +9,9 @@
 //! thousands of pages per checkpoint, it was a tenth of the writer's time.
 //!
 //! Here a thread of its own, with a connection of its own, does the copying: the writer asks
-//! for a pass once the log holds [`THRESHOLD`] frames ([`LIGHT_THRESHOLD`] at light load), and the pass (a `PASSIVE` checkpoint,
-//! which never blocks or waits for the writer) copies what was committed before it started.
+//! for a pass once the log holds [`THRESHOLD`] frames ([`LIGHT_THRESHOLD`] at light load), and
+//! the pass (a `PASSIVE` checkpoint, which never blocks or waits for the writer) copies what
+//! was committed before it started.
 //! When it is done the writer copies, itself, what was committed while it ran (a few frames,
 //! whose fsync is a small one), so the whole log is in the database and the writer's next
 //! transaction starts the log over from its beginning. Without that catch-up a busy writer
