@@ -271,40 +271,74 @@ pub fn annotate(span: &tracing::Span, attributes: &[(&'static str, Attribute<'_>
     }
 }
 
-/// A leaf span's one attribute value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A leaf span's attribute value.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeafValue {
     Text(&'static str),
+    /// Text made while the work ran (the ids of the policies that decided).
+    Owned(String),
     Int(i64),
 }
 
+/// The most attributes a [`Leaf`] keeps (one given as it starts and those [`Leaf::set`] adds).
+pub const LEAF_ATTRIBUTES: usize = 4;
+
 /// A span around one piece of work that makes no spans of its own (a ledger commit, a
-/// credential lookup): a child of the span current when it starts, ended when dropped, and
-/// handed as a whole then to the recording subscriber that is the default dispatcher where it
-/// is dropped (the gateway has one for the process). It takes none of a `tracing` span's
-/// trips through the subscriber (a slot in its tables, a clone of the dispatcher, entering and
-/// leaving it): the recorder encodes it once, as it ends.
+/// credential lookup, a policy evaluation): a child of the span current when it starts, ended
+/// when dropped, and handed as a whole then to the recording subscriber that is the default
+/// dispatcher where it is dropped (the gateway has one for the process). It takes none of a
+/// `tracing` span's trips through the subscriber (a slot in its tables, a clone of the
+/// dispatcher, entering and leaving it, a lock for each record of a field): its attributes are
+/// kept in the leaf itself, and the recorder encodes it once, as it ends.
 #[derive(Debug)]
 pub struct Leaf {
     /// The context of the span it is a child of (sampled: an unsampled one makes no leaf).
     pub parent: SpanContext,
     pub name: &'static str,
-    pub attribute: (&'static str, LeafValue),
     pub start: SystemTime,
+    attributes: [(&'static str, LeafValue); LEAF_ATTRIBUTES],
+    count: usize,
 }
 
 impl Leaf {
-    /// Starts a leaf under the current span; `None` (and nothing recorded) when no recording
-    /// subscriber records the current span or its trace is not sampled, and when there is no
-    /// current span: a leaf belongs to a traced operation.
+    /// Starts a leaf under the current span, with its first attribute; `None` (and nothing
+    /// recorded) when no recording subscriber records the current span or its trace is not
+    /// sampled, and when there is no current span: a leaf belongs to a traced operation.
     pub fn start(name: &'static str, attribute: (&'static str, LeafValue)) -> Option<Leaf> {
+        let mut leaf = Leaf::begin(name)?;
+        leaf.set(attribute.0, attribute.1);
+        Some(leaf)
+    }
+
+    /// Starts a leaf whose attributes are known only once its work is done ([`Leaf::set`]);
+    /// `None` as [`Leaf::start`].
+    pub fn begin(name: &'static str) -> Option<Leaf> {
         let parent = current()?;
         parent.sampled.then(|| Leaf {
             parent,
             name,
-            attribute,
             start: SystemTime::now(),
+            attributes: [const { ("", LeafValue::Int(0)) }; LEAF_ATTRIBUTES],
+            count: 0,
         })
+    }
+
+    /// Adds an attribute (a key not given before). A leaf keeps [`LEAF_ATTRIBUTES`]: one more
+    /// is a mistake of the code that makes the leaf, caught by its tests, and dropped.
+    pub fn set(&mut self, key: &'static str, value: LeafValue) {
+        debug_assert!(
+            self.count < LEAF_ATTRIBUTES,
+            "a leaf keeps {LEAF_ATTRIBUTES} attributes: `{key}` is one more"
+        );
+        if let Some(slot) = self.attributes.get_mut(self.count) {
+            *slot = (key, value);
+            self.count += 1;
+        }
+    }
+
+    /// The attributes, in the order given.
+    pub fn attributes(&self) -> &[(&'static str, LeafValue)] {
+        &self.attributes[..self.count]
     }
 }
 

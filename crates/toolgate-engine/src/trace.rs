@@ -4,11 +4,12 @@
 //! approval's decision.
 //!
 //! These are plain `tracing` spans at debug level, and [`Leaf`] spans for the work that makes
-//! no spans of its own (ledger commits, credential resolution): the engine depends on no
-//! exporter. An application that installs a recording subscriber (the gateway does when
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set) exports them; without one, and with logs at info, nothing
-//! subscribes to them and they cost what a disabled span costs (a leaf, one atomic load). A
-//! span carries names, ids and codes only, never an argument or a result value.
+//! no spans of its own (policy evaluation, ledger commits, credential resolution): the engine
+//! depends on no exporter. An application that installs a recording subscriber (the gateway
+//! does when `OTEL_EXPORTER_OTLP_ENDPOINT` is set) exports them; without one, and with logs at
+//! info, nothing subscribes to them and they cost what a disabled span costs (a leaf, one
+//! atomic load). A span carries names, ids and codes only, never an argument or a result
+//! value.
 
 use tracing::Span;
 use tracing::field::Empty;
@@ -174,44 +175,33 @@ fn request_error_type(error: &EngineError) -> &'static str {
     }
 }
 
-/// Policy evaluation (synchronous: enter it around the evaluation).
-pub(crate) fn policy_span() -> Span {
-    tracing::debug_span!(
-        target: "toolgate::call",
-        "policy.evaluate",
-        toolgate.decision = Empty,
-        toolgate.risk = Empty,
-        toolgate.policy_ids = Empty,
-        toolgate.policy_version = Empty,
-    )
+/// Policy evaluation: a [`Leaf`] under the call's span, started before the evaluation and
+/// dropped after it, whose attributes [`record_decision`] sets (the evaluation makes no spans
+/// of its own).
+pub(crate) fn policy_span() -> Option<Leaf> {
+    Leaf::begin("policy.evaluate")
 }
 
 /// Records a decision on the policy span, and the deciding policies on the call's span around
 /// it (the call's decision and risk come with its outcome, [`record_outcome`]).
-pub(crate) fn record_decision(policy: &Span, call: &Span, decision: &PolicyDecision) {
-    if policy.is_disabled() && call.is_disabled() {
+pub(crate) fn record_decision(policy: Option<&mut Leaf>, call: &Span, decision: &PolicyDecision) {
+    if policy.is_none() && call.is_disabled() {
         return;
     }
     let ids = decision.policy_ids.join(",");
-    annotate(
-        policy,
-        [
-            (
-                "toolgate.decision",
-                Some(Attribute::Text(decision.decision.as_str())),
-            ),
-            (
-                "toolgate.risk",
-                Some(Attribute::Text(decision.risk.as_str())),
-            ),
-            ("toolgate.policy_ids", Some(Attribute::Text(&ids))),
-            (
-                "toolgate.policy_version",
-                Some(Attribute::Int(decision.policy_version)),
-            ),
-        ],
-    );
     annotate(call, [("toolgate.policy_ids", Some(Attribute::Text(&ids)))]);
+    if let Some(policy) = policy {
+        policy.set(
+            "toolgate.decision",
+            LeafValue::Text(decision.decision.as_str()),
+        );
+        policy.set("toolgate.risk", LeafValue::Text(decision.risk.as_str()));
+        policy.set("toolgate.policy_ids", LeafValue::Owned(ids));
+        policy.set(
+            "toolgate.policy_version",
+            LeafValue::Int(decision.policy_version),
+        );
+    }
 }
 
 /// Records on `span` the attributes that are present, in one trip to the recorder

@@ -406,11 +406,26 @@ impl Recorder {
     /// Encodes and queues `leaf`, ended at `end`, as a span that closes does.
     fn leaf(&self, leaf: &Leaf, end: SystemTime) {
         let parent = &leaf.parent;
-        let (key, value) = leaf.attribute;
-        let mut attributes = OtlpAttributes::with_capacity(key.len() + 48 + 96 + leaf.name.len());
-        match value {
-            LeafValue::Text(text) => attributes.push(key, Value::Text(text)),
-            LeafValue::Int(int) => attributes.push(key, Value::Int(int)),
+        let room = leaf
+            .attributes()
+            .iter()
+            .map(|(key, value)| {
+                key.len()
+                    + 36
+                    + match value {
+                        LeafValue::Text(text) => text.len(),
+                        LeafValue::Owned(text) => text.len(),
+                        LeafValue::Int(_) => 0,
+                    }
+            })
+            .sum::<usize>();
+        let mut attributes = OtlpAttributes::with_capacity(room + 96 + leaf.name.len());
+        for (key, value) in leaf.attributes() {
+            match value {
+                LeafValue::Text(text) => attributes.push(key, Value::Text(text)),
+                LeafValue::Owned(text) => attributes.push(key, Value::Text(text)),
+                LeafValue::Int(int) => attributes.push(key, Value::Int(*int)),
+            }
         }
         self.queue.push(EncodedSpan::new(SpanRecord {
             context: SpanContext {
@@ -902,10 +917,13 @@ mod tests {
         let queue = Arc::new(SpanQueue::new(16, 8));
         let text = ("toolgate.ledger.operation", LeafValue::Text("running"));
         let spans = recorded(&queue, || {
-            assert!(Leaf::start("alone", text).is_none(), "no current span");
+            assert!(
+                Leaf::start("alone", text.clone()).is_none(),
+                "no current span"
+            );
             let call = tracing::info_span!("call");
             call.in_scope(|| {
-                let leaf = Leaf::start("ledger.commit", text).unwrap();
+                let leaf = Leaf::start("ledger.commit", text.clone()).unwrap();
                 let count = ("toolgate.credentials", LeafValue::Int(2));
                 drop(Leaf::start("credentials.resolve", count).unwrap());
                 drop(leaf);
@@ -945,6 +963,48 @@ mod tests {
                 any_value::Value::IntValue(2)
             )]
         );
+    }
+
+    #[test]
+    fn a_leaf_keeps_the_attributes_set_while_it_runs() {
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let spans = recorded(&queue, || {
+            let call = tracing::info_span!("call");
+            call.in_scope(|| {
+                let mut policy = Leaf::begin("policy.evaluate").unwrap();
+                assert!(policy.attributes().is_empty());
+                policy.set("toolgate.decision", LeafValue::Text("allow"));
+                policy.set(
+                    "toolgate.policy_ids",
+                    LeafValue::Owned("base,extra".to_owned()),
+                );
+                policy.set("toolgate.policy_version", LeafValue::Int(7));
+                drop(policy);
+                // Begun with nothing set: a span with no attributes.
+                drop(Leaf::begin("bare").unwrap());
+            });
+        });
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["policy.evaluate", "bare", "call"]);
+        assert_eq!(spans[0].parent_span_id, spans[2].span_id);
+        assert_eq!(
+            attributes(&spans[0]),
+            [
+                (
+                    "toolgate.decision".to_owned(),
+                    any_value::Value::StringValue("allow".into())
+                ),
+                (
+                    "toolgate.policy_ids".to_owned(),
+                    any_value::Value::StringValue("base,extra".into())
+                ),
+                (
+                    "toolgate.policy_version".to_owned(),
+                    any_value::Value::IntValue(7)
+                ),
+            ]
+        );
+        assert!(spans[1].attributes.is_empty());
     }
 
     #[test]

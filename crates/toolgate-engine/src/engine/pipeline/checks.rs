@@ -126,17 +126,16 @@ impl Engine {
                 .into());
             }
         };
-        let policy_span = trace::policy_span();
-        let decision = policy_span.in_scope(|| {
-            policy.evaluate(&PolicyRequest {
-                tenant: &call.record.tenant,
-                agent: &call.run.agent,
-                run: &call.run.id,
-                tool: &tool.spec,
-                arguments,
-            })
+        let mut policy_span = trace::policy_span();
+        let decision = policy.evaluate(&PolicyRequest {
+            tenant: &call.record.tenant,
+            agent: &call.run.agent,
+            run: &call.run.id,
+            tool: &tool.spec,
+            arguments,
         });
-        trace::record_decision(&policy_span, span, &decision);
+        trace::record_decision(policy_span.as_mut(), span, &decision);
+        drop(policy_span);
         let record = self.decision_record(&call.record, name, &decision);
         call.record.policy_decision_id = Some(record.id.clone());
         call.record.risk_level = Some(decision.risk);
