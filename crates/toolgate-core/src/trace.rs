@@ -280,9 +280,6 @@ pub enum LeafValue {
     Int(i64),
 }
 
-/// The most attributes a [`Leaf`] keeps (one given as it starts and those [`Leaf::set`] adds).
-pub const LEAF_ATTRIBUTES: usize = 4;
-
 /// A span around one piece of work that makes no spans of its own (a ledger commit, a
 /// credential lookup, a policy evaluation): a child of the span current when it starts, ended
 /// when dropped, and handed as a whole then to the recording subscriber that is the default
@@ -296,8 +293,10 @@ pub struct Leaf {
     pub parent: SpanContext,
     pub name: &'static str,
     pub start: SystemTime,
-    attributes: [(&'static str, LeafValue); LEAF_ATTRIBUTES],
-    count: usize,
+    /// The first attribute, kept in place: most leaves have that one only.
+    first: Option<(&'static str, LeafValue)>,
+    /// The others, in the order given.
+    rest: Vec<(&'static str, LeafValue)>,
 }
 
 impl Leaf {
@@ -306,7 +305,7 @@ impl Leaf {
     /// sampled, and when there is no current span: a leaf belongs to a traced operation.
     pub fn start(name: &'static str, attribute: (&'static str, LeafValue)) -> Option<Leaf> {
         let mut leaf = Leaf::begin(name)?;
-        leaf.set(attribute.0, attribute.1);
+        leaf.first = Some(attribute);
         Some(leaf)
     }
 
@@ -318,27 +317,23 @@ impl Leaf {
             parent,
             name,
             start: SystemTime::now(),
-            attributes: [const { ("", LeafValue::Int(0)) }; LEAF_ATTRIBUTES],
-            count: 0,
+            first: None,
+            rest: Vec::new(),
         })
     }
 
-    /// Adds an attribute (a key not given before). A leaf keeps [`LEAF_ATTRIBUTES`]: one more
-    /// is a mistake of the code that makes the leaf, caught by its tests, and dropped.
+    /// Adds an attribute (a key not given before).
     pub fn set(&mut self, key: &'static str, value: LeafValue) {
-        debug_assert!(
-            self.count < LEAF_ATTRIBUTES,
-            "a leaf keeps {LEAF_ATTRIBUTES} attributes: `{key}` is one more"
-        );
-        if let Some(slot) = self.attributes.get_mut(self.count) {
-            *slot = (key, value);
-            self.count += 1;
+        if self.first.is_none() {
+            self.first = Some((key, value));
+        } else {
+            self.rest.push((key, value));
         }
     }
 
     /// The attributes, in the order given.
-    pub fn attributes(&self) -> &[(&'static str, LeafValue)] {
-        &self.attributes[..self.count]
+    pub fn attributes(&self) -> impl Iterator<Item = &(&'static str, LeafValue)> {
+        self.first.iter().chain(&self.rest)
     }
 }
 

@@ -408,7 +408,6 @@ impl Recorder {
         let parent = &leaf.parent;
         let room = leaf
             .attributes()
-            .iter()
             .map(|(key, value)| {
                 key.len()
                     + 36
@@ -972,7 +971,7 @@ mod tests {
             let call = tracing::info_span!("call");
             call.in_scope(|| {
                 let mut policy = Leaf::begin("policy.evaluate").unwrap();
-                assert!(policy.attributes().is_empty());
+                assert_eq!(policy.attributes().count(), 0);
                 policy.set("toolgate.decision", LeafValue::Text("allow"));
                 policy.set(
                     "toolgate.policy_ids",
