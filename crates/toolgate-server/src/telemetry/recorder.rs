@@ -406,19 +406,9 @@ impl Recorder {
     /// Encodes and queues `leaf`, ended at `end`, as a span that closes does.
     fn leaf(&self, leaf: &Leaf, end: SystemTime) {
         let parent = &leaf.parent;
-        let room = leaf
-            .attributes()
-            .map(|(key, value)| {
-                key.len()
-                    + 36
-                    + match value {
-                        LeafValue::Text(text) => text.len(),
-                        LeafValue::Owned(text) => text.len(),
-                        LeafValue::Int(_) => 0,
-                    }
-            })
-            .sum::<usize>();
-        let mut attributes = OtlpAttributes::with_capacity(room + 96 + leaf.name.len());
+        // Room as `new_span` makes it for a span's fields (`push` reserves more for a longer one).
+        let mut attributes =
+            OtlpAttributes::with_capacity(leaf.attributes().count() * 48 + 96 + leaf.name.len());
         for (key, value) in leaf.attributes() {
             match value {
                 LeafValue::Text(text) => attributes.push(key, Value::Text(text)),
