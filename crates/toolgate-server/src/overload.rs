@@ -23,7 +23,6 @@ use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
-use tracing::Instrument as _;
 
 use crate::drain::Drain;
 use crate::status::{ServiceError, status};
@@ -217,15 +216,11 @@ where
             }
             let answer = inner.call(request);
             // The task runs in the request's span, so the call joins the caller's trace.
-            let span = tracing::Span::current();
-            let running = tokio::spawn(
-                async move {
-                    let answer = answer.await;
-                    drop(slot);
-                    answer
-                }
-                .instrument(span),
-            );
+            let running = tokio::spawn(crate::telemetry::in_current_span(async move {
+                let answer = answer.await;
+                drop(slot);
+                answer
+            }));
             match running.await {
                 Ok(answer) => answer,
                 // The task is never aborted, so this is a panic of the handler (the engine

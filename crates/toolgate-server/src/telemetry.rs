@@ -23,9 +23,11 @@ mod grpc;
 mod json;
 mod otlp;
 mod recorder;
+mod scope;
 
 pub use grpc::TraceLayer;
 pub(crate) use grpc::header_trace_context;
+pub(crate) use scope::in_current_span;
 
 /// The log filter unless `TOOLGATE_LOG` sets one: info, but the MCP library's lines only from
 /// warnings up (at info it writes three lines per MCP request, each stateless request being a

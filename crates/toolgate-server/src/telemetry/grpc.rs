@@ -1,6 +1,10 @@
 //! A server span per gRPC request, whose parent is the caller's W3C trace context
 //! (`traceparent` / `tracestate` metadata): the engine's `execute_tool` span, and everything
 //! under it, joins the agent's trace.
+//!
+//! With traces on, the recorder makes the server span itself and it is entered as a scope
+//! (`scope.rs`); without them it is a `tracing` span at debug level, for the text logs of a
+//! gateway logging at debug.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,6 +13,10 @@ use std::task::{Context, Poll};
 use tonic::codegen::{Service, http};
 use toolgate_core::trace::SpanContext;
 use tracing::Instrument as _;
+
+use super::otlp::{Attributes, Value};
+use super::recorder::{GRPC_REQUEST, HTTP_REQUEST, Recorder};
+use super::scope::{Scope, Scoped};
 
 /// Wraps the whole gRPC server. The span is at debug level: with traces off and logs at info
 /// nothing subscribes to it, and it costs nothing.
@@ -43,25 +51,95 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if let Some(scope) = request_scope(&request) {
+            let future = self.inner.call(request);
+            return Box::pin(Scoped::new(future, scope));
+        }
         let span = request_span(&request);
         let future = self.inner.call(request);
         Box::pin(future.instrument(span))
     }
 }
 
+/// The parts of a request its server span names.
+enum Request<'a> {
+    /// `/toolgate.v1.AgentService/ExecuteTool`: both parts are names from the contract (or
+    /// whatever a client sent, which is not a secret's place and is cut short).
+    Grpc {
+        path: &'a str,
+        service: &'a str,
+        method: &'a str,
+    },
+    /// The HTTP routes beside gRPC (MCP): `POST /mcp`.
+    Http { method: &'a str, path: &'a str },
+}
+
+impl<'a> Request<'a> {
+    fn of<B>(request: &'a http::Request<B>) -> Request<'a> {
+        let grpc = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+        let path = first_chars(request.uri().path(), 128);
+        if grpc {
+            let path = path.trim_start_matches('/');
+            let (service, method) = path.split_once('/').unwrap_or((path, ""));
+            Request::Grpc {
+                path,
+                service,
+                method,
+            }
+        } else {
+            Request::Http {
+                method: request.method().as_str(),
+                path,
+            }
+        }
+    }
+}
+
+/// The server span of `request` as a scope, when the process's subscriber is a recorder.
+fn request_scope<B>(request: &http::Request<B>) -> Option<Scope> {
+    tracing::dispatcher::get_default(|dispatch| {
+        let recorder = dispatch.downcast_ref::<Recorder>()?;
+        // No or a malformed header makes the span a root.
+        let parent = header_trace_context(request.headers());
+        let id = match Request::of(request) {
+            Request::Grpc {
+                path,
+                service,
+                method,
+            } => recorder.server_span(
+                &GRPC_REQUEST,
+                parent,
+                || path.to_owned(),
+                |attributes: &mut Attributes| {
+                    attributes.push("rpc.system", Value::Text("grpc"));
+                    attributes.push("rpc.service", Value::Text(service));
+                    attributes.push("rpc.method", Value::Text(method));
+                },
+            ),
+            Request::Http { method, path } => recorder.server_span(
+                &HTTP_REQUEST,
+                parent,
+                || format!("{method} {path}"),
+                |attributes: &mut Attributes| {
+                    attributes.push("http.request.method", Value::Text(method));
+                    attributes.push("url.path", Value::Text(path));
+                },
+            ),
+        };
+        Some(Scope::new(recorder, id))
+    })
+}
+
 fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
-    let grpc = request
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
-    // `/toolgate.v1.AgentService/ExecuteTool`: both parts are names from the contract (or
-    // whatever a client sent, which is not a secret's place and is cut short).
-    let path = request.uri().path();
-    let path = first_chars(path, 128);
-    let span = if grpc {
-        let path = path.trim_start_matches('/');
-        let (service, method) = path.split_once('/').unwrap_or((path, ""));
-        tracing::debug_span!(
+    let span = match Request::of(request) {
+        Request::Grpc {
+            path,
+            service,
+            method,
+        } => tracing::debug_span!(
             target: "toolgate::grpc",
             "grpc.request",
             otel.name = path,
@@ -69,18 +147,15 @@ fn request_span<B>(request: &http::Request<B>) -> tracing::Span {
             rpc.system = "grpc",
             rpc.service = service,
             rpc.method = method,
-        )
-    } else {
-        // The HTTP routes beside gRPC (MCP): `POST /mcp`.
-        let method = request.method().as_str();
-        tracing::debug_span!(
+        ),
+        Request::Http { method, path } => tracing::debug_span!(
             target: "toolgate::http",
             "http.request",
             otel.name = format!("{method} {path}"),
             otel.kind = "server",
             http.request.method = method,
             url.path = path,
-        )
+        ),
     };
     if span.is_disabled() {
         return span;

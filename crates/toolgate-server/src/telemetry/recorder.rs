@@ -326,9 +326,70 @@ const SHARDS: usize = 16;
 const SHARD_BITS: u32 = 4;
 
 thread_local! {
-    /// The thread's entered spans, the current one last, each with its recorder's instance.
-    static ENTERED: RefCell<Vec<(u64, Id)>> = const { RefCell::new(Vec::new()) };
+    /// The thread's entered spans, the current one last, each with its recorder's instance
+    /// and the scope it was entered in (see [`SCOPE`]).
+    static ENTERED: RefCell<Vec<Entered>> = const { RefCell::new(Vec::new()) };
+    /// The scope the thread is in (`scope.rs`): its recorder's instance and the raw id of its
+    /// span, or 0. A server span is entered by setting this for each poll of its request,
+    /// rather than by a push on `ENTERED` through `tracing`.
+    static SCOPE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
+
+/// A span entered on a thread.
+struct Entered {
+    instance: u64,
+    id: Id,
+    /// The raw id of the scope the thread was in then, or 0.
+    scope: u64,
+}
+
+/// Makes the span `id` of the recorder `instance` the thread's scope until the guard is
+/// dropped, when the scope before it is the thread's again.
+pub(crate) fn enter_scope(instance: u64, id: u64) -> impl Drop {
+    let before = SCOPE.try_with(|scope| scope.replace((instance, id)));
+    ScopeGuard(before.ok())
+}
+
+struct ScopeGuard(Option<(u64, u64)>);
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        if let Some(before) = self.0 {
+            let _ = SCOPE.try_with(|scope| scope.set(before));
+        }
+    }
+}
+
+/// A server span's name, as log lines in it give it (`grpc.request`, `http.request`): the
+/// metadata of a span made without a `tracing` call site ([`Recorder::server_span`]).
+pub(crate) struct ServerSite(&'static Metadata<'static>);
+
+impl tracing_core::Callsite for ServerSite {
+    fn set_interest(&self, _: Interest) {}
+
+    fn metadata(&self) -> &Metadata<'_> {
+        self.0
+    }
+}
+
+macro_rules! server_site {
+    ($site:ident, $metadata:ident, $name:literal, $target:literal) => {
+        static $site: ServerSite = ServerSite(&$metadata);
+        pub(crate) static $metadata: Metadata<'static> = Metadata::new(
+            $name,
+            $target,
+            tracing::Level::DEBUG,
+            Some(file!()),
+            Some(line!()),
+            Some(module_path!()),
+            tracing_core::field::FieldSet::new(&[], tracing_core::identify_callsite!(&$site)),
+            tracing_core::metadata::Kind::SPAN,
+        );
+    };
+}
+
+server_site!(GRPC_SITE, GRPC_REQUEST, "grpc.request", "toolgate::grpc");
+server_site!(HTTP_SITE, HTTP_REQUEST, "http.request", "toolgate::http");
 
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
@@ -437,19 +498,128 @@ impl Recorder {
         }));
     }
 
+    /// The current span: the last this recorder's entered on the thread, unless the thread
+    /// has entered a scope of this recorder's since.
     fn current(&self) -> Option<Id> {
+        self.innermost().map(|(id, _)| id)
+    }
+
+    /// The current span when it is a scope's (no span entered since the thread entered the
+    /// scope): a new handle to it, for a task to run in ([`Scope`](super::scope::Scope)).
+    pub(crate) fn current_scope(&self) -> Option<Id> {
+        match self.innermost()? {
+            (id, true) => Some(self.clone_span(&id)),
+            (_, false) => None,
+        }
+    }
+
+    /// The current span, and whether it is a scope's.
+    fn innermost(&self) -> Option<(Id, bool)> {
         // A thread's stack is gone only while the thread ends: nothing is current then.
-        ENTERED
+        let scope = SCOPE
+            .try_with(Cell::get)
+            .ok()
+            .filter(|&(instance, id)| instance == self.instance && id != 0)
+            .map(|(_, id)| id);
+        let entered = ENTERED
             .try_with(|entered| {
                 entered
                     .borrow()
                     .iter()
                     .rev()
-                    .find(|(instance, _)| *instance == self.instance)
-                    .map(|(_, id)| id.clone())
+                    .find(|entered| entered.instance == self.instance)
+                    .map(|entered| (entered.id.clone(), entered.scope))
             })
             .ok()
-            .flatten()
+            .flatten();
+        match (entered, scope) {
+            // Entered in that scope, or with no scope around.
+            (Some((id, at)), scope) if scope.is_none_or(|scope| scope == at) => Some((id, false)),
+            // The scope was entered after the span.
+            (_, scope) => scope.map(|scope| (Id::from_u64(scope), true)),
+        }
+    }
+
+    /// Starts a server span whose `tracing` call site is `site` ([`GRPC_REQUEST`] or
+    /// [`HTTP_REQUEST`]) without a trip through `tracing`: no fields visited, no special
+    /// fields parsed, and entered per poll as a scope (`scope.rs`) rather than on the stack of
+    /// entered spans. Its parent is the caller's `parent` (a remote context) or none; `name`
+    /// and `attributes` are asked for only when its trace is sampled. It closes as any span
+    /// does, when the last handle to it goes ([`Subscriber::try_close`]); the caller holds the
+    /// first, the id returned.
+    pub(crate) fn server_span(
+        &self,
+        site: &'static Metadata<'static>,
+        parent: Option<SpanContext>,
+        name: impl FnOnce() -> String,
+        attributes: impl FnOnce(&mut OtlpAttributes),
+    ) -> Id {
+        let (trace_id, parent_id, parent_remote, sampled, trace_state) = match parent {
+            Some(parent) => (
+                parent.trace_id,
+                Some(parent.span_id),
+                parent.remote,
+                self.sampler.follows(&parent),
+                parent.trace_state,
+            ),
+            None => {
+                let trace_id = random_trace_id();
+                let sampled = self.sampler.samples(&trace_id);
+                (trace_id, None, false, sampled, None)
+            }
+        };
+        let now = SystemTime::now();
+        let (name, fields) = if sampled {
+            let name = name();
+            let mut fields = OtlpAttributes::with_capacity(4 * 48 + 96 + name.len());
+            attributes(&mut fields);
+            (Cow::Owned(name), fields)
+        } else {
+            (Cow::Borrowed(site.name()), OtlpAttributes::with_capacity(0))
+        };
+        let span_id = random_span_id();
+        self.insert(Node {
+            metadata: site,
+            handles: 1,
+            record: SpanRecord {
+                context: SpanContext {
+                    trace_id,
+                    span_id,
+                    sampled,
+                    trace_state,
+                    remote: false,
+                },
+                parent: parent_id,
+                parent_remote,
+                name,
+                kind: Kind::Server,
+                status: StatusCode::Unset,
+                status_message: None,
+                start: now,
+                end: now,
+                attributes: fields,
+                links: Vec::new(),
+            },
+            recorded: 0,
+        })
+    }
+
+    /// Keeps an open span's `node`, in the table its span id picks; its `Id`.
+    fn insert(&self, node: Node) -> Id {
+        let shard = usize::from(node.record.context.span_id.0[0]) % SHARDS;
+        let slot = self.table(shard).insert(node);
+        let id = u64::try_from(slot)
+            .ok()
+            .and_then(|slot| slot.checked_add(1))
+            .and_then(|slot| slot.checked_mul(1 << SHARD_BITS))
+            .unwrap_or(u64::MAX);
+        Id::from_u64(id | u64::try_from(shard).unwrap_or(0))
+    }
+
+    /// This recorder's instance (which tells its entries on the threads' stacks from
+    /// another's).
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
     }
 }
 
@@ -583,20 +753,12 @@ impl Subscriber for Recorder {
                 formatted: &[],
             });
         }
-        let node = Node {
+        self.insert(Node {
             metadata,
             handles: 1,
             record,
             recorded,
-        };
-        let shard = usize::from(span_id.0[0]) % SHARDS;
-        let slot = self.table(shard).insert(node);
-        let id = u64::try_from(slot)
-            .ok()
-            .and_then(|slot| slot.checked_add(1))
-            .and_then(|slot| slot.checked_mul(1 << SHARD_BITS))
-            .unwrap_or(u64::MAX);
-        Id::from_u64(id | u64::try_from(shard).unwrap_or(0))
+        })
     }
 
     fn record(&self, span: &Id, values: &Record<'_>) {
@@ -632,8 +794,17 @@ impl Subscriber for Recorder {
     }
 
     fn enter(&self, span: &Id) {
+        let scope = SCOPE
+            .try_with(Cell::get)
+            .ok()
+            .filter(|&(instance, _)| instance == self.instance)
+            .map_or(0, |(_, id)| id);
         let _ = ENTERED.try_with(|entered| {
-            entered.borrow_mut().push((self.instance, span.clone()));
+            entered.borrow_mut().push(Entered {
+                instance: self.instance,
+                id: span.clone(),
+                scope,
+            });
         });
     }
 
@@ -642,7 +813,7 @@ impl Subscriber for Recorder {
             let mut entered = entered.borrow_mut();
             if let Some(at) = entered
                 .iter()
-                .rposition(|(instance, id)| *instance == self.instance && id == span)
+                .rposition(|entered| entered.instance == self.instance && entered.id == *span)
             {
                 // Spans exit in the reverse order of entering, all but always: the last entry
                 // is taken off without a move of the others.

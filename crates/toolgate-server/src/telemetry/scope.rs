@@ -1,0 +1,342 @@
+//! Futures run in a scope: the gateway's server span entered for each poll of its request
+//! without a trip through `tracing`.
+//!
+//! A request's server span lives as long as the request, through every poll of the request's
+//! future. Entered as `tracing` enters a span (`Instrument`), each poll was two trips through
+//! the dispatcher to the recorder and a push and a pop on the thread's stack of entered spans;
+//! made by `tracing`'s macro, its fields were visited and its special `otel.*` fields parsed.
+//! Here the recorder makes it directly ([`Recorder::server_span`]) and a poll sets one
+//! thread-local cell and sets it back. Spans, leaves and log lines inside see it as the current
+//! span all the same (`tracing::Span::current()` too, so a task spawned with it instruments
+//! itself with the server span), and the exported span is the same.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tracing::Instrument as _;
+use tracing::Subscriber as _;
+use tracing::instrument::Instrumented;
+use tracing::span::Id;
+
+use super::recorder::{self, Recorder};
+
+pin_project_lite::pin_project! {
+    /// A future run in a scope, entered for each poll; the scope's handle goes when the
+    /// future is ready or dropped, and with the last handle the span ends.
+    pub(crate) struct Scoped<F> {
+        #[pin]
+        future: F,
+        scope: Option<Scope>,
+    }
+}
+
+impl<F> Scoped<F> {
+    pub(crate) fn new(future: F, scope: Scope) -> Scoped<F> {
+        Scoped {
+            future,
+            scope: Some(scope),
+        }
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let Some(scope) = this.scope.as_ref() else {
+            return this.future.poll(cx);
+        };
+        let poll = {
+            let _entered = recorder::enter_scope(scope.instance, scope.id.into_u64());
+            this.future.poll(cx)
+        };
+        if poll.is_ready() {
+            *this.scope = None;
+        }
+        poll
+    }
+}
+
+/// `future` run in the current span, for a task spawned to do a request's work: in the scope
+/// when the current span is a scope's (entered per poll as the request's own future enters
+/// it), else instrumented with the current `tracing` span.
+pub(crate) fn in_current_span<F: Future>(future: F) -> Scoped<Instrumented<F>> {
+    let scope = tracing::dispatcher::get_default(|dispatch| {
+        let recorder = dispatch.downcast_ref::<Recorder>()?;
+        Some(Scope::new(recorder, recorder.current_scope()?))
+    });
+    let span = if scope.is_some() {
+        tracing::Span::none()
+    } else {
+        tracing::Span::current()
+    };
+    Scoped {
+        future: future.instrument(span),
+        scope,
+    }
+}
+
+/// A handle to a span a [`Recorder`] made for a scope ([`Recorder::server_span`]).
+#[derive(Debug)]
+pub(crate) struct Scope {
+    instance: u64,
+    id: Id,
+}
+
+impl Scope {
+    /// A handle to `id`, one `recorder` counted (made with the span or cloned).
+    pub(crate) fn new(recorder: &Recorder, id: Id) -> Scope {
+        Scope {
+            instance: recorder.instance(),
+            id,
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        tracing::dispatcher::get_default(|dispatch| {
+            if let Some(recorder) = dispatch.downcast_ref::<Recorder>()
+                && recorder.instance() == self.instance
+            {
+                recorder.try_close(self.id.clone());
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use opentelemetry_proto::tonic::common::v1::any_value;
+    use opentelemetry_proto::tonic::trace::v1::{Span, span};
+    use prost::Message as _;
+    use toolgate_core::trace::{Leaf, LeafValue, SpanContext};
+    use tracing::Instrument as _;
+
+    use super::super::otlp::{Attributes, Value};
+    use super::super::recorder::{GRPC_REQUEST, SpanQueue};
+    use super::*;
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const CALLER: &str = "00f067aa0ba902b7";
+
+    fn caller(flags: &str) -> SpanContext {
+        SpanContext::from_w3c(&format!("00-{TRACE}-{CALLER}-{flags}"), Some("congo=t61")).unwrap()
+    }
+
+    fn recorder(queue: &Arc<SpanQueue>) -> Recorder {
+        Recorder::new(
+            Arc::clone(queue),
+            Box::new(tracing::subscriber::NoSubscriber::default()),
+        )
+    }
+
+    /// A server span's scope, as the gRPC layer makes it.
+    fn server_span(parent: Option<SpanContext>) -> Scope {
+        let mut parent = Some(parent);
+        tracing::dispatcher::get_default(|dispatch| {
+            let recorder = dispatch.downcast_ref::<Recorder>().unwrap();
+            let id = recorder.server_span(
+                &GRPC_REQUEST,
+                parent.take().unwrap(),
+                || "svc/Method".to_owned(),
+                |attributes: &mut Attributes| attributes.push("rpc.system", Value::Text("grpc")),
+            );
+            Scope::new(recorder, id)
+        })
+    }
+
+    fn decoded(queue: &SpanQueue) -> Vec<Span> {
+        queue
+            .take(usize::MAX)
+            .iter()
+            .map(|span| Span::decode(span.bytes()).unwrap())
+            .collect()
+    }
+
+    fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+        spans
+            .iter()
+            .find(|span| span.name == name)
+            .unwrap_or_else(|| panic!("no {name} in {spans:#?}"))
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// Pending once (waking itself), then ready: a future polled twice.
+    fn yield_once() -> impl Future<Output = ()> {
+        let mut yielded = false;
+        std::future::poll_fn(move |cx| {
+            if yielded {
+                Poll::Ready(())
+            } else {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+    }
+
+    #[test]
+    fn a_scope_is_the_current_span_of_what_runs_in_it_and_ends_with_it() {
+        let queue = Arc::new(SpanQueue::new(16, 16));
+        tracing::subscriber::with_default(recorder(&queue), || {
+            // A span entered before the request is outside its scope: never a parent in it.
+            let outside = tracing::info_span!("outside");
+            let _outside = outside.enter();
+            let outside_context = toolgate_core::trace::current().unwrap();
+            let scope = server_span(Some(caller("01")));
+            let work = Scoped::new(
+                async {
+                    let context = toolgate_core::trace::current().unwrap();
+                    assert_eq!(context.trace_id.to_string(), TRACE);
+                    for _ in 0..2 {
+                        assert_eq!(toolgate_core::trace::current().unwrap(), context);
+                        // What a log line names and a spawned task instruments itself with.
+                        let current = tracing::Span::current();
+                        assert_eq!(current.metadata().map(|m| m.name()), Some("grpc.request"));
+                        drop(current);
+                        drop(tracing::info_span!("child"));
+                        drop(Leaf::start("leaf", ("k", LeafValue::Int(1))).unwrap());
+                        yield_once().await;
+                    }
+                    let inner = tracing::info_span!("inner");
+                    inner.in_scope(|| {
+                        assert_ne!(toolgate_core::trace::current().unwrap(), context);
+                        drop(tracing::info_span!("grandchild"));
+                    });
+                    assert_eq!(toolgate_core::trace::current().unwrap(), context);
+                },
+                scope,
+            );
+            futures::executor::block_on(work);
+            assert_eq!(toolgate_core::trace::current(), Some(outside_context));
+        });
+        let spans = decoded(&queue);
+        let server = named(&spans, "svc/Method");
+        assert_eq!(server.kind, span::SpanKind::Server as i32);
+        assert_eq!(hex(&server.trace_id), TRACE);
+        assert_eq!(hex(&server.parent_span_id), CALLER);
+        assert_eq!(server.trace_state, "congo=t61");
+        assert_eq!(server.flags & 0x301, 0x301, "sampled, remote parent");
+        assert_eq!(
+            server.attributes[0].value.clone().and_then(|v| v.value),
+            Some(any_value::Value::StringValue("grpc".into()))
+        );
+        let children: Vec<&str> = spans
+            .iter()
+            .filter(|span| span.parent_span_id == server.span_id)
+            .map(|span| span.name.as_str())
+            .collect();
+        assert_eq!(children, ["child", "leaf", "child", "leaf", "inner"]);
+        for span in spans.iter().filter(|span| span.name != "outside") {
+            assert_eq!(hex(&span.trace_id), TRACE, "{span:?}");
+            assert!(span.end_time_unix_nano <= server.end_time_unix_nano);
+        }
+        assert_ne!(hex(&named(&spans, "outside").trace_id), TRACE);
+        assert_eq!(
+            named(&spans, "grandchild").parent_span_id,
+            named(&spans, "inner").span_id
+        );
+        // The server span ends with its work, before the span it was made in.
+        let at = |name: &str| spans.iter().position(|span| span.name == name).unwrap();
+        assert!(at("svc/Method") > at("inner") && at("svc/Method") < at("outside"));
+    }
+
+    #[test]
+    fn a_scope_dropped_unfinished_still_ends_and_an_unsampled_one_is_never_queued() {
+        let queue = Arc::new(SpanQueue::new(16, 16));
+        tracing::subscriber::with_default(recorder(&queue), || {
+            let scope = server_span(None);
+            let mut work = Box::pin(Scoped::new(std::future::pending::<()>(), scope));
+            let waker = futures::task::noop_waker();
+            assert!(
+                work.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            drop(work);
+
+            let scope = server_span(Some(caller("00")));
+            futures::executor::block_on(Scoped::new(
+                async {
+                    // Unsampled: the ids still reach outbound requests and log lines.
+                    let current = toolgate_core::trace::current().unwrap();
+                    assert!(!current.sampled);
+                    assert_eq!(current.trace_id.to_string(), TRACE);
+                    drop(tracing::info_span!("quiet child"));
+                    assert!(Leaf::start("quiet leaf", ("k", LeafValue::Int(1))).is_none());
+                },
+                scope,
+            ));
+        });
+        let spans = decoded(&queue);
+        assert_eq!(spans.len(), 1, "{spans:#?}");
+        assert_eq!(spans[0].name, "svc/Method");
+        assert!(spans[0].parent_span_id.is_empty(), "a root");
+        assert_ne!(hex(&spans[0].trace_id), TRACE);
+    }
+
+    #[test]
+    fn a_task_spawned_with_the_current_span_runs_in_the_scope_which_ends_after_it() {
+        let queue = Arc::new(SpanQueue::new(16, 16));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let server_id = tracing::subscriber::with_default(recorder(&queue), || {
+            let scope = server_span(None);
+            let (go, wait) = tokio::sync::oneshot::channel::<()>();
+            #[allow(
+                clippy::async_yields_async,
+                reason = "the request's future hands out the task it spawned, still running"
+            )]
+            let task = runtime.block_on(Scoped::new(
+                async {
+                    // As the overload layer spawns a call's work.
+                    let task = tokio::spawn(in_current_span(async {
+                        wait.await.unwrap();
+                        drop(tracing::info_span!("in the task"));
+                    }));
+                    // A task spawned with `tracing`'s current span is in it too.
+                    let other = tokio::spawn(
+                        async { drop(tracing::info_span!("in the other task")) }
+                            .instrument(tracing::Span::current()),
+                    );
+                    other.await.unwrap();
+                    // In a span entered in the scope: that span.
+                    let call = tracing::info_span!("call");
+                    call.in_scope(|| {
+                        tokio::spawn(in_current_span(async {
+                            drop(tracing::info_span!("in the call's task"));
+                        }))
+                    })
+                    .await
+                    .unwrap();
+                    task
+                },
+                scope,
+            ));
+            // The request's future is done; the task still holds the span.
+            let spans = decoded(&queue);
+            let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
+            assert_eq!(names, ["in the other task", "in the call's task", "call"]);
+            assert_eq!(spans[1].parent_span_id, spans[2].span_id);
+            let server_id = spans[2].parent_span_id.clone();
+            assert_eq!(spans[0].parent_span_id, server_id);
+            go.send(()).unwrap();
+            runtime.block_on(task).unwrap();
+            server_id
+        });
+        let spans = decoded(&queue);
+        let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
+        assert_eq!(names, ["in the task", "svc/Method"]);
+        assert_eq!(spans[1].span_id, server_id);
+        assert_eq!(spans[0].parent_span_id, server_id);
+    }
+}
