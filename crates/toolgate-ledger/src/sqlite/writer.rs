@@ -127,6 +127,12 @@ fn recovered<'a>(
     guard
 }
 
+/// A queued write's caller and its answer.
+type Answer = (
+    oneshot::Sender<Result<Reply, LedgerError>>,
+    Result<Reply, LedgerError>,
+);
+
 /// The writer thread: the queue it drains.
 pub(super) struct Writer {
     rx: mpsc::Receiver<Command>,
@@ -223,16 +229,29 @@ impl Writer {
                     next = self.rx.try_recv().ok();
                 }
             }
-            let mut guard = self.shared.lock();
-            let Some(core) = guard.as_mut() else {
-                break;
+            let (answers, catch_up) = {
+                let mut guard = self.shared.lock();
+                let Some(core) = guard.as_mut() else {
+                    break;
+                };
+                if !closers.is_empty() {
+                    // Closing: later writes fail with `Closed` rather than commit inline.
+                    core.open = false;
+                }
+                if ops.is_empty() {
+                    continue;
+                }
+                core.commit_queued(ops)
             };
-            if !closers.is_empty() {
-                // Closing: later writes fail with `Closed` rather than commit inline.
-                core.open = false;
+            // Answered once the connection is free again: a caller that writes again as soon
+            // as it has its answer (the next step of its call) finds nobody committing and
+            // commits inline, rather than queueing behind the lock this thread still held.
+            for (reply, result) in answers {
+                // A caller that stopped waiting (a cancelled request) still had its write done.
+                let _ = reply.send(result);
             }
-            if !ops.is_empty() {
-                core.commit_queued(ops);
+            if catch_up && let Some(core) = self.shared.lock().as_mut() {
+                core.catch_up();
             }
         }
         // Every sender is gone, or the queue was closed and drained: the connection is taken
@@ -263,20 +282,17 @@ impl Core {
             .unwrap_or_else(|| Err(LedgerError::Database("the write had no answer".to_owned())))
     }
 
-    /// Commits a batch from the queue and answers each of its callers.
-    fn commit_queued(&mut self, ops: Vec<WriteOp>) {
+    /// Commits a batch from the queue: each caller's answer, to be sent once the connection is
+    /// free, and whether the log must be copied into the database before the next batch
+    /// ([`Core::catch_up`], once the callers have their answers).
+    fn commit_queued(&mut self, ops: Vec<WriteOp>) -> (Vec<Answer>, bool) {
         let started = std::time::Instant::now();
         let (kinds, replies): (Vec<OpKind>, Vec<_>) =
             ops.into_iter().map(|op| (op.kind, op.reply)).unzip();
         let (results, committed) = self.commit_ops(&kinds);
         self.counters.batch_done(kinds.len(), started, committed);
-        for (reply, result) in replies.into_iter().zip(results) {
-            // A caller that stopped waiting (a cancelled request) still had its write done.
-            let _ = reply.send(result);
-        }
-        if committed {
-            self.after_commit(kinds.len());
-        }
+        let catch_up = committed && self.must_catch_up(kinds.len());
+        (replies.into_iter().zip(results).collect(), catch_up)
     }
 
     /// Runs `ops` as one batch: every operation's answer, and whether the batch committed.
@@ -316,12 +332,23 @@ impl Core {
         drop(self.owner.take());
     }
 
-    /// Has the log copied into the database when it is due (see `backfill`), once the batch's
-    /// callers have their answers.
+    /// Has the log copied into the database when it is due (see `backfill`).
     fn after_commit(&mut self, writes: usize) {
-        if backfill::next(self.backfill.as_mut(), backfill::log_frames(), writes) == Next::CatchUp
-            && let Err(error) = self.conn.backfill()
-        {
+        if self.must_catch_up(writes) {
+            self.catch_up();
+        }
+    }
+
+    /// Tells the backfill how long the log is after a commit of `writes` writes, read on the
+    /// committing thread under the lock the commit held (see `backfill`): whether the
+    /// committer must copy the log into the database itself.
+    fn must_catch_up(&mut self, writes: usize) -> bool {
+        backfill::next(self.backfill.as_mut(), backfill::log_frames(), writes) == Next::CatchUp
+    }
+
+    /// Copies the log into the database on this thread.
+    fn catch_up(&mut self) {
+        if let Err(error) = self.conn.backfill() {
             warn!(%error, "copying the write-ahead log into the ledger failed");
         }
     }
