@@ -72,6 +72,39 @@ pub(crate) struct SpanRecord {
 }
 
 impl SpanRecord {
+    /// The record of a span of this process starting at `start` in the trace `trace_id`, with
+    /// a span id of its own, its parent's (and whether that one is remote), no status and no
+    /// links yet; it ends when it starts until it closes.
+    fn open(
+        trace: (TraceId, bool, Option<Arc<str>>),
+        parent: Option<(SpanId, bool)>,
+        name: Cow<'static, str>,
+        kind: Kind,
+        start: SystemTime,
+        attributes: OtlpAttributes,
+    ) -> SpanRecord {
+        let (trace_id, sampled, trace_state) = trace;
+        SpanRecord {
+            context: SpanContext {
+                trace_id,
+                span_id: random_span_id(),
+                sampled,
+                trace_state,
+                remote: false,
+            },
+            parent: parent.map(|(id, _)| id),
+            parent_remote: parent.is_some_and(|(_, remote)| remote),
+            name,
+            kind,
+            status: StatusCode::Unset,
+            status_message: None,
+            start,
+            end: start,
+            attributes,
+            links: Vec::new(),
+        }
+    }
+
     /// Writes attributes given by [`toolgate_core::trace::annotate`] (keys new to the span).
     fn annotate(&mut self, attributes: &[(&'static str, Attribute<'_>)]) {
         for (key, value) in attributes {
@@ -343,6 +376,15 @@ struct Entered {
     scope: u64,
 }
 
+/// The raw id of the span of the scope the thread is in, when it is the recorder `instance`'s.
+fn scope_of(instance: u64) -> Option<u64> {
+    SCOPE
+        .try_with(Cell::get)
+        .ok()
+        .filter(|&(of, id)| of == instance && id != 0)
+        .map(|(_, id)| id)
+}
+
 /// Makes the span `id` of the recorder `instance` the thread's scope until the guard is
 /// dropped, when the scope before it is the thread's again.
 pub(crate) fn enter_scope(instance: u64, id: u64) -> impl Drop {
@@ -477,25 +519,16 @@ impl Recorder {
                 LeafValue::Int(int) => attributes.push(key, Value::Int(*int)),
             }
         }
-        self.queue.push(EncodedSpan::new(SpanRecord {
-            context: SpanContext {
-                trace_id: parent.trace_id,
-                span_id: random_span_id(),
-                sampled: true,
-                trace_state: parent.trace_state.clone(),
-                remote: false,
-            },
-            parent: Some(parent.span_id),
-            parent_remote: parent.remote,
-            name: Cow::Borrowed(leaf.name),
-            kind: Kind::Internal,
-            status: StatusCode::Unset,
-            status_message: None,
-            start: leaf.start,
-            end,
+        let mut record = SpanRecord::open(
+            (parent.trace_id, true, parent.trace_state.clone()),
+            Some((parent.span_id, parent.remote)),
+            Cow::Borrowed(leaf.name),
+            Kind::Internal,
+            leaf.start,
             attributes,
-            links: Vec::new(),
-        }));
+        );
+        record.end = end;
+        self.queue.push(EncodedSpan::new(record));
     }
 
     /// The current span: the last this recorder's entered on the thread, unless the thread
@@ -516,11 +549,7 @@ impl Recorder {
     /// The current span, and whether it is a scope's.
     fn innermost(&self) -> Option<(Id, bool)> {
         // A thread's stack is gone only while the thread ends: nothing is current then.
-        let scope = SCOPE
-            .try_with(Cell::get)
-            .ok()
-            .filter(|&(instance, id)| instance == self.instance && id != 0)
-            .map(|(_, id)| id);
+        let scope = scope_of(self.instance);
         let entered = ENTERED
             .try_with(|entered| {
                 entered
@@ -554,52 +583,39 @@ impl Recorder {
         name: impl FnOnce() -> String,
         attributes: impl FnOnce(&mut OtlpAttributes),
     ) -> Id {
-        let (trace_id, parent_id, parent_remote, sampled, trace_state) = match parent {
+        let (trace_id, parent, sampled, trace_state) = match parent {
             Some(parent) => (
                 parent.trace_id,
-                Some(parent.span_id),
-                parent.remote,
+                Some((parent.span_id, parent.remote)),
                 self.sampler.follows(&parent),
                 parent.trace_state,
             ),
             None => {
                 let trace_id = random_trace_id();
-                let sampled = self.sampler.samples(&trace_id);
-                (trace_id, None, false, sampled, None)
+                (trace_id, None, self.sampler.samples(&trace_id), None)
             }
         };
         let now = SystemTime::now();
         let (name, fields) = if sampled {
             let name = name();
+            // Room as `new_span` makes it, for the few attributes a server span has.
             let mut fields = OtlpAttributes::with_capacity(4 * 48 + 96 + name.len());
             attributes(&mut fields);
             (Cow::Owned(name), fields)
         } else {
             (Cow::Borrowed(site.name()), OtlpAttributes::with_capacity(0))
         };
-        let span_id = random_span_id();
         self.insert(Node {
             metadata: site,
             handles: 1,
-            record: SpanRecord {
-                context: SpanContext {
-                    trace_id,
-                    span_id,
-                    sampled,
-                    trace_state,
-                    remote: false,
-                },
-                parent: parent_id,
-                parent_remote,
+            record: SpanRecord::open(
+                (trace_id, sampled, trace_state),
+                parent,
                 name,
-                kind: Kind::Server,
-                status: StatusCode::Unset,
-                status_message: None,
-                start: now,
-                end: now,
-                attributes: fields,
-                links: Vec::new(),
-            },
+                Kind::Server,
+                now,
+                fields,
+            ),
             recorded: 0,
         })
     }
@@ -715,32 +731,19 @@ impl Subscriber for Recorder {
                 (trace_id, None, self.sampler.samples(&trace_id), None)
             }
         };
-        let now = SystemTime::now();
         let metadata = attrs.metadata();
-        let span_id = random_span_id();
-        let mut record = SpanRecord {
-            context: SpanContext {
-                trace_id,
-                span_id,
-                sampled,
-                trace_state,
-                remote: false,
-            },
-            parent: parent_id,
-            parent_remote: false,
-            name: Cow::Borrowed(metadata.name()),
-            kind: Kind::Internal,
-            status: StatusCode::Unset,
-            status_message: None,
-            start: now,
-            end: now,
+        let mut record = SpanRecord::open(
+            (trace_id, sampled, trace_state),
+            parent_id.map(|id| (id, false)),
+            Cow::Borrowed(metadata.name()),
+            Kind::Internal,
+            SystemTime::now(),
             // Room for the usual attribute (a name and a short value) each, and for the rest
             // of the span, written after them when it closes (`EncodedSpan`).
-            attributes: OtlpAttributes::with_capacity(
+            OtlpAttributes::with_capacity(
                 metadata.fields().len() * 48 + 96 + metadata.name().len(),
             ),
-            links: Vec::new(),
-        };
+        );
         let mut recorded = 0;
         // Fields are written before any table is locked: a `Debug` may do anything. A span
         // of an unsampled trace is never exported: its fields are not kept. A root keeps its
@@ -794,11 +797,7 @@ impl Subscriber for Recorder {
     }
 
     fn enter(&self, span: &Id) {
-        let scope = SCOPE
-            .try_with(Cell::get)
-            .ok()
-            .filter(|&(instance, _)| instance == self.instance)
-            .map_or(0, |(_, id)| id);
+        let scope = scope_of(self.instance).unwrap_or(0);
         let _ = ENTERED.try_with(|entered| {
             entered.borrow_mut().push(Entered {
                 instance: self.instance,
@@ -913,7 +912,7 @@ fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use opentelemetry_proto::tonic::common::v1::any_value;
     use opentelemetry_proto::tonic::trace::v1::{Span, span, status};
@@ -921,7 +920,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     /// The spans queued, read back with the official proto's generated messages.
-    fn decoded(queue: &SpanQueue) -> Vec<Span> {
+    pub(in crate::telemetry) fn decoded(queue: &SpanQueue) -> Vec<Span> {
         queue
             .take(usize::MAX)
             .iter()
@@ -955,7 +954,7 @@ mod tests {
             .map(|(_, v)| v)
     }
 
-    fn hex(bytes: &[u8]) -> String {
+    pub(in crate::telemetry) fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|byte| format!("{byte:02x}")).collect()
     }
 

@@ -113,11 +113,11 @@ mod tests {
 
     use opentelemetry_proto::tonic::common::v1::any_value;
     use opentelemetry_proto::tonic::trace::v1::{Span, span};
-    use prost::Message as _;
     use toolgate_core::trace::{Leaf, LeafValue, SpanContext};
     use tracing::Instrument as _;
 
     use super::super::otlp::{Attributes, Value};
+    use super::super::recorder::tests::{decoded, hex};
     use super::super::recorder::{GRPC_REQUEST, SpanQueue};
     use super::*;
 
@@ -150,23 +150,11 @@ mod tests {
         })
     }
 
-    fn decoded(queue: &SpanQueue) -> Vec<Span> {
-        queue
-            .take(usize::MAX)
-            .iter()
-            .map(|span| Span::decode(span.bytes()).unwrap())
-            .collect()
-    }
-
     fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
         spans
             .iter()
             .find(|span| span.name == name)
             .unwrap_or_else(|| panic!("no {name} in {spans:#?}"))
-    }
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
     /// Pending once (waking itself), then ready: a future polled twice.
