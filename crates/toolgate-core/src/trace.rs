@@ -10,6 +10,12 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
+mod scope;
+
+pub use scope::{InSpan, Scope, Site, Span, in_span, scope_of};
+#[doc(hidden)]
+pub use tracing as __tracing;
+
 /// A 16-byte W3C trace id; never all zeros.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TraceId(pub [u8; 16]);
@@ -190,6 +196,14 @@ pub enum Attribute<'a> {
     Bool(bool),
 }
 
+/// Opens a [`Span`] as a scope through the dispatcher: its call site and first attributes
+/// given, `None` when the dispatcher records no spans.
+pub type OpenScope = fn(
+    &tracing::Dispatch,
+    &'static tracing::Metadata<'static>,
+    &[(&'static str, Attribute<'_>)],
+) -> Option<Scope>;
+
 /// How libraries reach the span records of the application's recording subscriber, given
 /// the dispatcher. Installed once per process.
 #[derive(Clone, Copy, Debug)]
@@ -200,6 +214,13 @@ pub struct ContextAccess {
     pub current: fn(&tracing::Dispatch) -> Option<SpanContext>,
     /// Records a [`Leaf`] that ended at the time given.
     pub leaf: fn(&tracing::Dispatch, &Leaf, SystemTime),
+    /// Opens a [`Span`] as a scope: a child of the current span, of kind internal, with the
+    /// call site and attributes given (`None` when the dispatcher records no spans).
+    pub open: OpenScope,
+    /// Carries out one [`Access`] on a scope's span (nothing when it is another's).
+    pub scope: fn(&tracing::Dispatch, &Scope, Access<'_>),
+    /// Lets go of one handle to a scope's span, which ends with the last.
+    pub close: fn(&tracing::Dispatch, &Scope),
 }
 
 static ACCESS: OnceLock<ContextAccess> = OnceLock::new();
@@ -469,5 +490,27 @@ mod tests {
         });
         let records = records.0.lock().unwrap();
         assert_eq!(*records, ["text=\"value\"", "int=7", "flag=false"]);
+    }
+
+    crate::span_site!(SITE, "site", "toolgate::test");
+    crate::span_site!(LISTED, "listed", "toolgate::test", ["a", "b"]);
+
+    #[test]
+    fn without_a_recording_layer_a_span_is_the_callers_tracing_span() {
+        assert_eq!((SITE.name(), SITE.target()), ("site", "toolgate::test"));
+        assert!(SITE.is_span() && SITE.fields().is_empty());
+        let listed: Vec<&str> = LISTED.fields().iter().map(|f| f.name()).collect();
+        assert_eq!(listed, ["a", "b"]);
+        let records: &'static Records = Box::leak(Box::default());
+        tracing::subscriber::with_default(records, || {
+            let span = Span::open(&SITE, &[("opened", Attribute::Int(1))], || {
+                tracing::info_span!("fallback", late = tracing::field::Empty)
+            });
+            assert!(matches!(span, Span::Tracing(_)));
+            assert!(!span.is_disabled());
+            assert_eq!(span.context(), None);
+            span.annotate(&[("late", Attribute::Int(2))]);
+        });
+        assert_eq!(*records.0.lock().unwrap(), ["late=2"]);
     }
 }

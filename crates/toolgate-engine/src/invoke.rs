@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use toolgate_core::{Connector, InvocationContext, ToolError, ToolName, ToolOutput};
-use tracing::Instrument as _;
+
+use crate::trace;
 
 /// How a connector invocation ended.
 #[derive(Debug)]
@@ -28,12 +29,13 @@ pub(crate) async fn invoke(
     tool: ToolName,
     arguments: Value,
     timeout: Duration,
-    span: tracing::Span,
+    span: trace::Span,
 ) -> Invocation {
     // The task runs in `span` (the connector's), so vendor requests are its children; the span
     // ends with the task.
-    let mut task =
-        tokio::spawn(async move { connector.invoke(ctx, &tool, arguments).await }.instrument(span));
+    let mut task = tokio::spawn(trace::in_span(span, async move {
+        connector.invoke(ctx, &tool, arguments).await
+    }));
     match tokio::time::timeout(timeout, &mut task).await {
         Ok(Ok(answer)) => Invocation::Answered(answer),
         Ok(Err(join_error)) if join_error.is_panic() => Invocation::Panicked,

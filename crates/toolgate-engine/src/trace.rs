@@ -3,18 +3,20 @@
 //! children: policy evaluation, ledger commits, credential resolution, the connector, and an
 //! approval's decision.
 //!
-//! These are plain `tracing` spans at debug level, and [`Leaf`] spans for the work that makes
-//! no spans of its own (policy evaluation, ledger commits, credential resolution): the engine
-//! depends on no exporter. An application that installs a recording subscriber (the gateway
-//! does when `OTEL_EXPORTER_OTLP_ENDPOINT` is set) exports them; without one, and with logs at
-//! info, nothing subscribes to them and they cost what a disabled span costs (a leaf, one
-//! atomic load). A span carries names, ids and codes only, never an argument or a result
-//! value.
+//! The call's span, the connector's and a decision's live through many polls of the work they
+//! cover: they are [`Span`]s, which the application's recording subscriber (the gateway has one
+//! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set) makes itself and which are entered per poll by
+//! setting a thread-local cell; without one they are plain `tracing` spans at debug level, for
+//! text logs at debug. The work that makes no spans of its own (policy evaluation, ledger
+//! commits, credential resolution) is a [`Leaf`]. The engine depends on no exporter: with
+//! traces off and logs at info nothing subscribes to these and they cost what a disabled span
+//! costs. A span carries names, ids and codes only, never an argument or a result value.
 
-use tracing::Span;
 use tracing::field::Empty;
 
 use toolgate_core::trace::{Attribute, Leaf, LeafValue, SpanContext};
+
+pub(crate) use toolgate_core::trace::{Span, in_span};
 
 use toolgate_core::{ToolCallStatus, ToolName};
 use toolgate_ledger::{PendingInvocation, ToolCallRecord};
@@ -23,34 +25,91 @@ use toolgate_policy::PolicyDecision;
 use crate::error::EngineError;
 use crate::outcome::{ExecuteOutcome, ResumeOutcome};
 
+toolgate_core::span_site!(
+    CALL,
+    "execute_tool",
+    "toolgate::call",
+    [
+        "gen_ai.operation.name",
+        "gen_ai.tool.type",
+        "toolgate.tenant",
+        "otel.name",
+        "gen_ai.tool.name",
+        "gen_ai.conversation.id",
+        "toolgate.tool_call_id",
+        "gen_ai.tool.call.id",
+        "toolgate.policy_ids",
+        "toolgate.outcome",
+        "toolgate.attempts",
+        "toolgate.replayed",
+        "toolgate.decision",
+        "toolgate.risk",
+        "toolgate.pending_invocation_id",
+        "error.type",
+        "otel.status_code",
+    ]
+);
+toolgate_core::span_site!(
+    CONNECTOR,
+    "connector.invoke",
+    "toolgate::call",
+    ["gen_ai.tool.name", "toolgate.timeout_ms"]
+);
+toolgate_core::span_site!(
+    DECISION,
+    "approval.decide",
+    "toolgate::approval",
+    [
+        "otel.name",
+        "toolgate.tenant",
+        "toolgate.approval.action",
+        "toolgate.pending_invocation_id",
+        "toolgate.tool_call_id",
+        "gen_ai.tool.name",
+        "gen_ai.conversation.id",
+        "toolgate.outcome",
+        "error.type",
+        "otel.status_code",
+    ]
+);
+
 /// The span of one `ExecuteTool`, named `execute_tool`; its full name
 /// (`execute_tool {gen_ai.tool.name}`) and the call's ids are recorded once they are known to
 /// be safe to keep (see [`record_call`]).
 pub(crate) fn call_span(tenant: &str) -> Span {
-    // Its kind is internal, every subscriber's default for a span that names none (an
-    // `otel.kind` field would be one more field to visit on every call).
-    // The fields recorded later (`annotate`) are declared, `Empty`, for a subscriber other
-    // than the gateway's recorder, which records them field by field, finding each by name.
-    tracing::debug_span!(
-        target: "toolgate::call",
-        "execute_tool",
-        toolgate.outcome = Empty,
-        toolgate.attempts = Empty,
-        toolgate.replayed = Empty,
-        toolgate.decision = Empty,
-        toolgate.risk = Empty,
-        toolgate.pending_invocation_id = Empty,
-        "error.type" = Empty,
-        otel.status_code = Empty,
-        otel.name = Empty,
-        gen_ai.tool.name = Empty,
-        gen_ai.conversation.id = Empty,
-        toolgate.tool_call_id = Empty,
-        gen_ai.tool.call.id = Empty,
-        toolgate.policy_ids = Empty,
-        gen_ai.operation.name = "execute_tool",
-        gen_ai.tool.type = "extension",
-        toolgate.tenant = tenant,
+    // Its kind is internal, every subscriber's default for a span that names none.
+    Span::open(
+        &CALL,
+        &[
+            ("gen_ai.operation.name", Attribute::Text("execute_tool")),
+            ("gen_ai.tool.type", Attribute::Text("extension")),
+            ("toolgate.tenant", Attribute::Text(tenant)),
+        ],
+        // The fields recorded later (`annotate`) are declared, `Empty`, for a subscriber other
+        // than the gateway's recorder, which records them field by field, finding each by name.
+        || {
+            tracing::debug_span!(
+                target: "toolgate::call",
+                "execute_tool",
+                toolgate.outcome = Empty,
+                toolgate.attempts = Empty,
+                toolgate.replayed = Empty,
+                toolgate.decision = Empty,
+                toolgate.risk = Empty,
+                toolgate.pending_invocation_id = Empty,
+                "error.type" = Empty,
+                otel.status_code = Empty,
+                otel.name = Empty,
+                gen_ai.tool.name = Empty,
+                gen_ai.conversation.id = Empty,
+                toolgate.tool_call_id = Empty,
+                gen_ai.tool.call.id = Empty,
+                toolgate.policy_ids = Empty,
+                gen_ai.operation.name = "execute_tool",
+                gen_ai.tool.type = "extension",
+                toolgate.tenant = tenant,
+            )
+        },
     )
 }
 
@@ -205,8 +264,8 @@ pub(crate) fn record_decision(policy: Option<&mut Leaf>, call: &Span, decision: 
 }
 
 /// Records on `span` the attributes that are present, in one trip to the recorder
-/// ([`toolgate_core::trace::annotate`]: no field looked up by name); an absent one records
-/// nothing, as an absent `Option` does with `tracing`.
+/// ([`Span::annotate`]: no field looked up by name); an absent one records nothing, as an
+/// absent `Option` does with `tracing`.
 fn annotate<const N: usize>(span: &Span, attributes: [(&'static str, Option<Attribute<'_>>); N]) {
     let mut present = [("", Attribute::Bool(false)); N];
     let mut count = 0;
@@ -216,7 +275,7 @@ fn annotate<const N: usize>(span: &Span, attributes: [(&'static str, Option<Attr
             count += 1;
         }
     }
-    toolgate_core::trace::annotate(span, &present[..count]);
+    span.annotate(&present[..count]);
 }
 
 /// Awaits `work` while `leaf` (a child of the current span, started by the caller) measures
@@ -227,32 +286,6 @@ pub(crate) async fn timed<F: std::future::Future>(leaf: Option<Leaf>, work: F) -
     let output = work.await;
     drop(leaf);
     output
-}
-
-/// Runs `work` inside `span`, borrowed: entered on every poll, as `Instrument` does, without
-/// the clone of the span an owned instrument would need while the caller also records on it
-/// (a clone and its drop are each a trip through the subscriber's span table).
-pub(crate) fn in_span<F: std::future::Future + Unpin>(span: &Span, work: F) -> InSpan<'_, F> {
-    InSpan { span, work }
-}
-
-/// See [`in_span`].
-pub(crate) struct InSpan<'a, F> {
-    span: &'a Span,
-    work: F,
-}
-
-impl<F: std::future::Future + Unpin> std::future::Future for InSpan<'_, F> {
-    type Output = F::Output;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
-        let this = &mut *self;
-        let _entered = this.span.enter();
-        std::pin::Pin::new(&mut this.work).poll(cx)
-    }
 }
 
 /// One ledger commit of a call; `operation` names it (`requested`, `running`, `finish`, ...).
@@ -277,39 +310,71 @@ pub(crate) fn credentials_span(count: usize) -> Option<Leaf> {
 /// The connector's invocation under the gateway's deadline; vendor HTTP attempts are its
 /// children.
 pub(crate) fn connector_span(tool: &ToolName, timeout_ms: u128) -> Span {
-    tracing::debug_span!(
-        target: "toolgate::call",
-        "connector.invoke",
-        gen_ai.tool.name = tool.as_str(),
-        toolgate.timeout_ms = u64::try_from(timeout_ms).unwrap_or(u64::MAX),
+    let timeout_ms = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
+    Span::open(
+        &CONNECTOR,
+        &[
+            ("gen_ai.tool.name", Attribute::Text(tool.as_str())),
+            ("toolgate.timeout_ms", Attribute::Int(timeout_ms)),
+        ],
+        || {
+            tracing::debug_span!(
+                target: "toolgate::call",
+                "connector.invoke",
+                gen_ai.tool.name = tool.as_str(),
+                toolgate.timeout_ms = timeout_ms,
+            )
+        },
     )
 }
 
 /// A human's decision on a pending invocation (approve, reject, continue). The invocation's
 /// ids are recorded once it is found ([`record_pending`]), never the text the caller sent.
 pub(crate) fn decision_span(action: &'static str, tenant: &str) -> Span {
-    tracing::debug_span!(
-        target: "toolgate::approval",
-        "approval.decide",
-        otel.name = format!("approval.{action}"),
-        otel.status_code = Empty,
-        toolgate.tenant = tenant,
-        toolgate.approval.action = action,
-        toolgate.pending_invocation_id = Empty,
-        toolgate.tool_call_id = Empty,
-        gen_ai.tool.name = Empty,
-        gen_ai.conversation.id = Empty,
-        toolgate.outcome = Empty,
-        "error.type" = Empty,
+    let name = format!("approval.{action}");
+    Span::open(
+        &DECISION,
+        &[
+            ("otel.name", Attribute::Text(&name)),
+            ("toolgate.tenant", Attribute::Text(tenant)),
+            ("toolgate.approval.action", Attribute::Text(action)),
+        ],
+        || {
+            tracing::debug_span!(
+                target: "toolgate::approval",
+                "approval.decide",
+                otel.name = name,
+                otel.status_code = Empty,
+                toolgate.tenant = tenant,
+                toolgate.approval.action = action,
+                toolgate.pending_invocation_id = Empty,
+                toolgate.tool_call_id = Empty,
+                gen_ai.tool.name = Empty,
+                gen_ai.conversation.id = Empty,
+                toolgate.outcome = Empty,
+                "error.type" = Empty,
+            )
+        },
     )
 }
 
 /// Records the pending invocation a decision found.
 pub(crate) fn record_pending(span: &Span, pending: &PendingInvocation) {
-    span.record("toolgate.pending_invocation_id", pending.id.as_str());
-    span.record("toolgate.tool_call_id", pending.tool_call_id.as_str());
-    span.record("gen_ai.tool.name", pending.tool.as_str());
-    span.record("gen_ai.conversation.id", pending.run.as_str());
+    span.annotate(&[
+        (
+            "toolgate.pending_invocation_id",
+            Attribute::Text(pending.id.as_str()),
+        ),
+        (
+            "toolgate.tool_call_id",
+            Attribute::Text(pending.tool_call_id.as_str()),
+        ),
+        ("gen_ai.tool.name", Attribute::Text(pending.tool.as_str())),
+        (
+            "gen_ai.conversation.id",
+            Attribute::Text(pending.run.as_str()),
+        ),
+    ]);
 }
 
 /// Records what a decision did.
@@ -323,12 +388,14 @@ pub(crate) fn record_resume(span: &Span, outcome: &Result<ResumeOutcome, EngineE
         Ok(ResumeOutcome::PolicyDenialTerminal) => "policy_denial_terminal",
         Ok(ResumeOutcome::FeatureDisabled { .. }) => "feature_disabled",
         Err(error) => {
-            span.record("error.type", request_error_type(error));
-            span.record("otel.status_code", "error");
+            span.annotate(&[
+                ("error.type", Attribute::Text(request_error_type(error))),
+                ("otel.status_code", Attribute::Text("error")),
+            ]);
             return;
         }
     };
-    span.record("toolgate.outcome", ended);
+    span.annotate(&[("toolgate.outcome", Attribute::Text(ended))]);
 }
 
 /// The W3C `traceparent` of the current span, when a trace recorder records it (`None` with
@@ -341,7 +408,7 @@ pub(crate) fn current_traceparent() -> Option<String> {
 /// value that does not parse).
 pub(crate) fn link_to_call(span: &Span, traceparent: Option<&str>) {
     if let Some(call) = traceparent.and_then(|text| SpanContext::from_w3c(text, None)) {
-        toolgate_core::trace::add_link(span, call);
+        span.add_link(call);
     }
 }
 
@@ -353,7 +420,7 @@ mod tests {
     fn without_a_trace_recorder_there_is_no_traceparent_to_keep() {
         assert_eq!(current_traceparent(), None);
         // Linking without a recorder, or to a malformed value, does nothing and does not fail.
-        let span = tracing::info_span!("decision");
+        let span = Span::Tracing(tracing::info_span!("decision"));
         link_to_call(
             &span,
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),

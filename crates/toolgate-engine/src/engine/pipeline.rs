@@ -148,7 +148,7 @@ impl Engine {
     async fn steps(
         &self,
         request: &ExecuteRequest,
-        span: &tracing::Span,
+        span: &trace::Span,
     ) -> Result<ExecuteOutcome, EngineError> {
         let (mut call, arguments) = self.parse(request).await?;
         trace::record_call(span, &call.record, call.name.as_ref());
@@ -201,7 +201,7 @@ impl Engine {
         &self,
         call: &mut Call,
         arguments: Result<Value, String>,
-        span: &tracing::Span,
+        span: &trace::Span,
     ) -> Result<Admitted, Stop> {
         self.kill_switch(call).await?;
         let name = self.manifest(call)?;

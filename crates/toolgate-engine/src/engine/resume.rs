@@ -45,7 +45,7 @@ impl Engine {
     async fn decide(
         &self,
         request: ResumeRequest,
-        span: &tracing::Span,
+        span: &trace::Span,
     ) -> Result<ResumeOutcome, EngineError> {
         let run = RunId::new(request.run.clone())
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;

@@ -3,7 +3,7 @@
 //! under it, joins the agent's trace.
 //!
 //! With traces on, the recorder makes the server span itself and it is entered as a scope
-//! (`scope.rs`); without them it is a `tracing` span at debug level, for the text logs of a
+//! (`toolgate_core::trace::Span`); without them it is a `tracing` span at debug level, for the text logs of a
 //! gateway logging at debug.
 
 use std::future::Future;
@@ -11,12 +11,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tonic::codegen::{Service, http};
-use toolgate_core::trace::SpanContext;
-use tracing::Instrument as _;
+use toolgate_core::trace::{Scope, Span, SpanContext, in_span};
 
 use super::otlp::{Attributes, Value};
 use super::recorder::{GRPC_REQUEST, HTTP_REQUEST, Recorder};
-use super::scope::{Scope, Scoped};
 
 /// Wraps the whole gRPC server. The span is at debug level: with traces off and logs at info
 /// nothing subscribes to it, and it costs nothing.
@@ -51,13 +49,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if let Some(scope) = request_scope(&request) {
-            let future = self.inner.call(request);
-            return Box::pin(Scoped::new(future, scope));
-        }
-        let span = request_span(&request);
+        let span = match request_scope(&request) {
+            Some(scope) => Span::Scope(scope),
+            None => Span::Tracing(request_span(&request)),
+        };
         let future = self.inner.call(request);
-        Box::pin(future.instrument(span))
+        Box::pin(in_span(span, future))
     }
 }
 
@@ -104,7 +101,7 @@ fn request_scope<B>(request: &http::Request<B>) -> Option<Scope> {
         let recorder = dispatch.downcast_ref::<Recorder>()?;
         // No or a malformed header makes the span a root.
         let parent = header_trace_context(request.headers());
-        let id = match Request::of(request) {
+        let scope = match Request::of(request) {
             Request::Grpc {
                 path,
                 service,
@@ -129,7 +126,7 @@ fn request_scope<B>(request: &http::Request<B>) -> Option<Scope> {
                 },
             ),
         };
-        Some(Scope::new(recorder, id))
+        Some(scope)
     })
 }
 

@@ -24,7 +24,7 @@ use std::time::SystemTime;
 
 use slab::Slab;
 use toolgate_core::trace::{
-    Access, Attribute, ContextAccess, Leaf, LeafValue, SpanContext, SpanId, TraceId,
+    Access, Attribute, ContextAccess, Leaf, LeafValue, Scope, SpanContext, SpanId, TraceId,
 };
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
@@ -360,12 +360,10 @@ const SHARD_BITS: u32 = 4;
 
 thread_local! {
     /// The thread's entered spans, the current one last, each with its recorder's instance
-    /// and the scope it was entered in (see [`SCOPE`]).
+    /// and the scope it was entered in (`toolgate_core::trace::scope_of`): a span made as a
+    /// scope (the server span, the call's) is entered by setting a thread-local cell for each
+    /// poll of its work, rather than by a push here through `tracing`.
     static ENTERED: RefCell<Vec<Entered>> = const { RefCell::new(Vec::new()) };
-    /// The scope the thread is in (`scope.rs`): its recorder's instance and the raw id of its
-    /// span, or 0. A server span is entered by setting this for each poll of its request,
-    /// rather than by a push on `ENTERED` through `tracing`.
-    static SCOPE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// A span entered on a thread.
@@ -376,62 +374,8 @@ struct Entered {
     scope: u64,
 }
 
-/// The raw id of the span of the scope the thread is in, when it is the recorder `instance`'s.
-fn scope_of(instance: u64) -> Option<u64> {
-    SCOPE
-        .try_with(Cell::get)
-        .ok()
-        .filter(|&(of, id)| of == instance && id != 0)
-        .map(|(_, id)| id)
-}
-
-/// Makes the span `id` of the recorder `instance` the thread's scope until the guard is
-/// dropped, when the scope before it is the thread's again.
-pub(crate) fn enter_scope(instance: u64, id: u64) -> impl Drop {
-    let before = SCOPE.try_with(|scope| scope.replace((instance, id)));
-    ScopeGuard(before.ok())
-}
-
-struct ScopeGuard(Option<(u64, u64)>);
-
-impl Drop for ScopeGuard {
-    fn drop(&mut self) {
-        if let Some(before) = self.0 {
-            let _ = SCOPE.try_with(|scope| scope.set(before));
-        }
-    }
-}
-
-/// A server span's name, as log lines in it give it (`grpc.request`, `http.request`): the
-/// metadata of a span made without a `tracing` call site ([`Recorder::server_span`]).
-pub(crate) struct ServerSite(&'static Metadata<'static>);
-
-impl tracing_core::Callsite for ServerSite {
-    fn set_interest(&self, _: Interest) {}
-
-    fn metadata(&self) -> &Metadata<'_> {
-        self.0
-    }
-}
-
-macro_rules! server_site {
-    ($site:ident, $metadata:ident, $name:literal, $target:literal) => {
-        static $site: ServerSite = ServerSite(&$metadata);
-        pub(crate) static $metadata: Metadata<'static> = Metadata::new(
-            $name,
-            $target,
-            tracing::Level::DEBUG,
-            Some(file!()),
-            Some(line!()),
-            Some(module_path!()),
-            tracing_core::field::FieldSet::new(&[], tracing_core::identify_callsite!(&$site)),
-            tracing_core::metadata::Kind::SPAN,
-        );
-    };
-}
-
-server_site!(GRPC_SITE, GRPC_REQUEST, "grpc.request", "toolgate::grpc");
-server_site!(HTTP_SITE, HTTP_REQUEST, "http.request", "toolgate::http");
+toolgate_core::span_site!(pub(crate) GRPC_REQUEST, "grpc.request", "toolgate::grpc");
+toolgate_core::span_site!(pub(crate) HTTP_REQUEST, "http.request", "toolgate::http");
 
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
@@ -461,6 +405,9 @@ impl Recorder {
             span: access,
             current: current_context,
             leaf: record_leaf,
+            open: open_scope,
+            scope: access_scope,
+            close: close_scope,
         });
         Recorder {
             tables: std::array::from_fn(|_| Mutex::new(Slab::new())),
@@ -538,10 +485,10 @@ impl Recorder {
     }
 
     /// The current span when it is a scope's (no span entered since the thread entered the
-    /// scope): a new handle to it, for a task to run in ([`Scope`](super::scope::Scope)).
-    pub(crate) fn current_scope(&self) -> Option<Id> {
+    /// scope): a new handle to it, for a task to run in.
+    pub(crate) fn current_scope(&self) -> Option<Scope> {
         match self.innermost()? {
-            (id, true) => Some(self.clone_span(&id)),
+            (id, true) => Some(Scope::adopt(self.instance, self.clone_span(&id).into_u64())),
             (_, false) => None,
         }
     }
@@ -549,7 +496,7 @@ impl Recorder {
     /// The current span, and whether it is a scope's.
     fn innermost(&self) -> Option<(Id, bool)> {
         // A thread's stack is gone only while the thread ends: nothing is current then.
-        let scope = scope_of(self.instance);
+        let scope = toolgate_core::trace::scope_of(self.instance);
         let entered = ENTERED
             .try_with(|entered| {
                 entered
@@ -575,14 +522,14 @@ impl Recorder {
     /// entered spans. Its parent is the caller's `parent` (a remote context) or none; `name`
     /// and `attributes` are asked for only when its trace is sampled. It closes as any span
     /// does, when the last handle to it goes ([`Subscriber::try_close`]); the caller holds the
-    /// first, the id returned.
+    /// first, the scope returned.
     pub(crate) fn server_span(
         &self,
         site: &'static Metadata<'static>,
         parent: Option<SpanContext>,
         name: impl FnOnce() -> String,
         attributes: impl FnOnce(&mut OtlpAttributes),
-    ) -> Id {
+    ) -> Scope {
         let (trace_id, parent, sampled, trace_state) = match parent {
             Some(parent) => (
                 parent.trace_id,
@@ -605,7 +552,7 @@ impl Recorder {
         } else {
             (Cow::Borrowed(site.name()), OtlpAttributes::with_capacity(0))
         };
-        self.insert(Node {
+        let id = self.insert(Node {
             metadata: site,
             handles: 1,
             record: SpanRecord::open(
@@ -617,7 +564,59 @@ impl Recorder {
                 fields,
             ),
             recorded: 0,
-        })
+        });
+        Scope::adopt(self.instance, id.into_u64())
+    }
+
+    /// Opens a span whose `tracing` call site is `site` as a scope (`toolgate_core::trace::Span`):
+    /// a child of the current span (a root when there is none), of kind internal, with
+    /// `attributes` written straight into its record when its trace is sampled. It closes as
+    /// any span does, when the last handle to it goes; the caller holds the first, the `Id`
+    /// returned.
+    fn child_scope(
+        &self,
+        site: &'static Metadata<'static>,
+        attributes: &[(&'static str, Attribute<'_>)],
+    ) -> Scope {
+        let (trace_id, parent, sampled, trace_state) =
+            match self.current().and_then(|parent| self.context(&parent)) {
+                Some(parent) => (
+                    parent.trace_id,
+                    Some((parent.span_id, false)),
+                    parent.sampled,
+                    parent.trace_state,
+                ),
+                None => {
+                    let trace_id = random_trace_id();
+                    (trace_id, None, self.sampler.samples(&trace_id), None)
+                }
+            };
+        // Room as `new_span` makes it, for the attributes the site lists (those given later
+        // too: growing the record as they come costs more than the room).
+        let capacity = if sampled {
+            attributes.len().max(site.fields().len()) * 48 + 96 + site.name().len()
+        } else {
+            0
+        };
+        let mut record = SpanRecord::open(
+            (trace_id, sampled, trace_state),
+            parent,
+            Cow::Borrowed(site.name()),
+            Kind::Internal,
+            SystemTime::now(),
+            OtlpAttributes::with_capacity(capacity),
+        );
+        // An unsampled span keeps no attributes (see `new_span`).
+        if sampled {
+            record.annotate(attributes);
+        }
+        let id = self.insert(Node {
+            metadata: site,
+            handles: 1,
+            record,
+            recorded: 0,
+        });
+        Scope::adopt(self.instance, id.into_u64())
     }
 
     /// Keeps an open span's `node`, in the table its span id picks; its `Id`.
@@ -630,12 +629,6 @@ impl Recorder {
             .and_then(|slot| slot.checked_mul(1 << SHARD_BITS))
             .unwrap_or(u64::MAX);
         Id::from_u64(id | u64::try_from(shard).unwrap_or(0))
-    }
-
-    /// This recorder's instance (which tells its entries on the threads' stacks from
-    /// another's).
-    pub(crate) fn instance(&self) -> u64 {
-        self.instance
     }
 }
 
@@ -797,7 +790,7 @@ impl Subscriber for Recorder {
     }
 
     fn enter(&self, span: &Id) {
-        let scope = scope_of(self.instance).unwrap_or(0);
+        let scope = toolgate_core::trace::scope_of(self.instance).unwrap_or(0);
         let _ = ENTERED.try_with(|entered| {
             entered.borrow_mut().push(Entered {
                 instance: self.instance,
@@ -878,35 +871,75 @@ fn record_leaf(dispatch: &Dispatch, leaf: &Leaf, end: SystemTime) {
 /// The libraries' access to a span's record, through the recorder the span belongs to
 /// (nothing when the dispatcher is not a recorder or the span is not recorded).
 fn access(dispatch: &Dispatch, id: &Id, what: Access<'_>) {
-    let Some(recorder) = dispatch.downcast_ref::<Recorder>() else {
-        return;
-    };
-    match what {
-        Access::Read(context) => *context = recorder.context(id),
-        Access::SetParent(parent) => {
-            recorder.with_node(id, |node| {
-                let record = &mut node.record;
-                record.context.trace_id = parent.trace_id;
-                record.context.sampled = recorder.sampler.follows(&parent);
-                record.context.trace_state = parent.trace_state;
-                record.parent = Some(parent.span_id);
-                record.parent_remote = parent.remote;
-            });
-        }
-        Access::Link(other) => {
-            recorder.with_node(id, |node| node.record.links.push(other));
-        }
-        Access::Annotate {
-            attributes,
-            written,
-        } => {
-            recorder.with_node(id, |node| {
-                // An unsampled span keeps no fields (see `new_span`).
-                if node.record.context.sampled {
-                    node.record.annotate(attributes);
-                }
-            });
-            *written = true;
+    if let Some(recorder) = dispatch.downcast_ref::<Recorder>() {
+        recorder.apply(id, what);
+    }
+}
+
+/// The recorder `dispatch` is, when the scope's span is its.
+fn scope_recorder<'a>(dispatch: &'a Dispatch, scope: &Scope) -> Option<&'a Recorder> {
+    dispatch
+        .downcast_ref::<Recorder>()
+        .filter(|recorder| recorder.instance == scope.instance())
+}
+
+/// Opens a scope's span through the recorder `dispatch` is (`None` when it is not one).
+fn open_scope(
+    dispatch: &Dispatch,
+    site: &'static Metadata<'static>,
+    attributes: &[(&'static str, Attribute<'_>)],
+) -> Option<Scope> {
+    Some(
+        dispatch
+            .downcast_ref::<Recorder>()?
+            .child_scope(site, attributes),
+    )
+}
+
+/// The libraries' access to a scope's span.
+fn access_scope(dispatch: &Dispatch, scope: &Scope, what: Access<'_>) {
+    if let Some(recorder) = scope_recorder(dispatch, scope) {
+        recorder.apply(&Id::from_u64(scope.id()), what);
+    }
+}
+
+/// One handle to a scope's span gone.
+fn close_scope(dispatch: &Dispatch, scope: &Scope) {
+    if let Some(recorder) = scope_recorder(dispatch, scope) {
+        recorder.try_close(Id::from_u64(scope.id()));
+    }
+}
+
+impl Recorder {
+    /// Carries out `what` on the span `id`.
+    fn apply(&self, id: &Id, what: Access<'_>) {
+        match what {
+            Access::Read(context) => *context = self.context(id),
+            Access::SetParent(parent) => {
+                self.with_node(id, |node| {
+                    let record = &mut node.record;
+                    record.context.trace_id = parent.trace_id;
+                    record.context.sampled = self.sampler.follows(&parent);
+                    record.context.trace_state = parent.trace_state;
+                    record.parent = Some(parent.span_id);
+                    record.parent_remote = parent.remote;
+                });
+            }
+            Access::Link(other) => {
+                self.with_node(id, |node| node.record.links.push(other));
+            }
+            Access::Annotate {
+                attributes,
+                written,
+            } => {
+                self.with_node(id, |node| {
+                    // An unsampled span keeps no fields (see `new_span`).
+                    if node.record.context.sampled {
+                        node.record.annotate(attributes);
+                    }
+                });
+                *written = true;
+            }
         }
     }
 }
@@ -947,7 +980,7 @@ pub(super) mod tests {
             .collect()
     }
 
-    fn attribute(span: &Span, key: &str) -> Option<any_value::Value> {
+    pub(in crate::telemetry) fn attribute(span: &Span, key: &str) -> Option<any_value::Value> {
         attributes(span)
             .into_iter()
             .find(|(k, _)| k == key)

@@ -1,5 +1,5 @@
-//! Futures run in a scope: the gateway's server span entered for each poll of its request
-//! without a trip through `tracing`.
+//! The gateway's server span entered for each poll of its request as a scope
+//! (`toolgate_core::trace::Span`), and a task spawned for a request's work run in it.
 //!
 //! A request's server span lives as long as the request, through every poll of the request's
 //! future. Entered as `tracing` enters a span (`Instrument`), each poll was two trips through
@@ -8,116 +8,41 @@
 //! Here the recorder makes it directly ([`Recorder::server_span`]) and a poll sets one
 //! thread-local cell and sets it back. Spans, leaves and log lines inside see it as the current
 //! span all the same (`tracing::Span::current()` too, so a task spawned with it instruments
-//! itself with the server span), and the exported span is the same.
+//! itself with the server span), and the exported span is the same. The engine's call span
+//! and connector span are scopes in the same way.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-use tracing::Instrument as _;
-use tracing::Subscriber as _;
-use tracing::instrument::Instrumented;
-use tracing::span::Id;
+use toolgate_core::trace::{InSpan, Span, in_span};
 
-use super::recorder::{self, Recorder};
-
-pin_project_lite::pin_project! {
-    /// A future run in a scope, entered for each poll; the scope's handle goes when the
-    /// future is ready or dropped, and with the last handle the span ends.
-    pub(crate) struct Scoped<F> {
-        #[pin]
-        future: F,
-        scope: Option<Scope>,
-    }
-}
-
-impl<F> Scoped<F> {
-    pub(crate) fn new(future: F, scope: Scope) -> Scoped<F> {
-        Scoped {
-            future,
-            scope: Some(scope),
-        }
-    }
-}
-
-impl<F: Future> Future for Scoped<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let Some(scope) = this.scope.as_ref() else {
-            return this.future.poll(cx);
-        };
-        let poll = {
-            let _entered = recorder::enter_scope(scope.instance, scope.id.into_u64());
-            this.future.poll(cx)
-        };
-        if poll.is_ready() {
-            *this.scope = None;
-        }
-        poll
-    }
-}
+use super::recorder::Recorder;
 
 /// `future` run in the current span, for a task spawned to do a request's work: in the scope
 /// when the current span is a scope's (entered per poll as the request's own future enters
-/// it), else instrumented with the current `tracing` span.
-pub(crate) fn in_current_span<F: Future>(future: F) -> Scoped<Instrumented<F>> {
+/// it), else in the current `tracing` span.
+pub(crate) fn in_current_span<F: Future>(future: F) -> InSpan<Span, F> {
     let scope = tracing::dispatcher::get_default(|dispatch| {
-        let recorder = dispatch.downcast_ref::<Recorder>()?;
-        Some(Scope::new(recorder, recorder.current_scope()?))
+        dispatch.downcast_ref::<Recorder>()?.current_scope()
     });
-    let span = if scope.is_some() {
-        tracing::Span::none()
-    } else {
-        tracing::Span::current()
+    let span = match scope {
+        Some(scope) => Span::Scope(scope),
+        None => Span::Tracing(tracing::Span::current()),
     };
-    Scoped {
-        future: future.instrument(span),
-        scope,
-    }
-}
-
-/// A handle to a span a [`Recorder`] made for a scope ([`Recorder::server_span`]).
-#[derive(Debug)]
-pub(crate) struct Scope {
-    instance: u64,
-    id: Id,
-}
-
-impl Scope {
-    /// A handle to `id`, one `recorder` counted (made with the span or cloned).
-    pub(crate) fn new(recorder: &Recorder, id: Id) -> Scope {
-        Scope {
-            instance: recorder.instance(),
-            id,
-        }
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        tracing::dispatcher::get_default(|dispatch| {
-            if let Some(recorder) = dispatch.downcast_ref::<Recorder>()
-                && recorder.instance() == self.instance
-            {
-                recorder.try_close(self.id.clone());
-            }
-        });
-    }
+    in_span(span, future)
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::task::{Context, Poll};
 
     use opentelemetry_proto::tonic::common::v1::any_value;
     use opentelemetry_proto::tonic::trace::v1::{Span, span};
-    use toolgate_core::trace::{Leaf, LeafValue, SpanContext};
+    use toolgate_core::trace::{Attribute, Leaf, LeafValue, SpanContext};
     use tracing::Instrument as _;
 
     use super::super::otlp::{Attributes, Value};
-    use super::super::recorder::tests::{decoded, hex};
+    use super::super::recorder::tests::{attribute, decoded, hex};
     use super::super::recorder::{GRPC_REQUEST, SpanQueue};
     use super::*;
 
@@ -135,19 +60,18 @@ mod tests {
         )
     }
 
-    /// A server span's scope, as the gRPC layer makes it.
-    fn server_span(parent: Option<SpanContext>) -> Scope {
+    /// A server span, as the gRPC layer makes it.
+    fn server_span(parent: Option<SpanContext>) -> toolgate_core::trace::Span {
         let mut parent = Some(parent);
-        tracing::dispatcher::get_default(|dispatch| {
+        toolgate_core::trace::Span::Scope(tracing::dispatcher::get_default(|dispatch| {
             let recorder = dispatch.downcast_ref::<Recorder>().unwrap();
-            let id = recorder.server_span(
+            recorder.server_span(
                 &GRPC_REQUEST,
                 parent.take().unwrap(),
                 || "svc/Method".to_owned(),
                 |attributes: &mut Attributes| attributes.push("rpc.system", Value::Text("grpc")),
-            );
-            Scope::new(recorder, id)
-        })
+            )
+        }))
     }
 
     fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
@@ -180,29 +104,26 @@ mod tests {
             let _outside = outside.enter();
             let outside_context = toolgate_core::trace::current().unwrap();
             let scope = server_span(Some(caller("01")));
-            let work = Scoped::new(
-                async {
-                    let context = toolgate_core::trace::current().unwrap();
-                    assert_eq!(context.trace_id.to_string(), TRACE);
-                    for _ in 0..2 {
-                        assert_eq!(toolgate_core::trace::current().unwrap(), context);
-                        // What a log line names and a spawned task instruments itself with.
-                        let current = tracing::Span::current();
-                        assert_eq!(current.metadata().map(|m| m.name()), Some("grpc.request"));
-                        drop(current);
-                        drop(tracing::info_span!("child"));
-                        drop(Leaf::start("leaf", ("k", LeafValue::Int(1))).unwrap());
-                        yield_once().await;
-                    }
-                    let inner = tracing::info_span!("inner");
-                    inner.in_scope(|| {
-                        assert_ne!(toolgate_core::trace::current().unwrap(), context);
-                        drop(tracing::info_span!("grandchild"));
-                    });
+            let work = in_span(scope, async {
+                let context = toolgate_core::trace::current().unwrap();
+                assert_eq!(context.trace_id.to_string(), TRACE);
+                for _ in 0..2 {
                     assert_eq!(toolgate_core::trace::current().unwrap(), context);
-                },
-                scope,
-            );
+                    // What a log line names and a spawned task instruments itself with.
+                    let current = tracing::Span::current();
+                    assert_eq!(current.metadata().map(|m| m.name()), Some("grpc.request"));
+                    drop(current);
+                    drop(tracing::info_span!("child"));
+                    drop(Leaf::start("leaf", ("k", LeafValue::Int(1))).unwrap());
+                    yield_once().await;
+                }
+                let inner = tracing::info_span!("inner");
+                inner.in_scope(|| {
+                    assert_ne!(toolgate_core::trace::current().unwrap(), context);
+                    drop(tracing::info_span!("grandchild"));
+                });
+                assert_eq!(toolgate_core::trace::current().unwrap(), context);
+            });
             futures::executor::block_on(work);
             assert_eq!(toolgate_core::trace::current(), Some(outside_context));
         });
@@ -242,7 +163,7 @@ mod tests {
         let queue = Arc::new(SpanQueue::new(16, 16));
         tracing::subscriber::with_default(recorder(&queue), || {
             let scope = server_span(None);
-            let mut work = Box::pin(Scoped::new(std::future::pending::<()>(), scope));
+            let mut work = Box::pin(in_span(scope, std::future::pending::<()>()));
             let waker = futures::task::noop_waker();
             assert!(
                 work.as_mut()
@@ -252,17 +173,14 @@ mod tests {
             drop(work);
 
             let scope = server_span(Some(caller("00")));
-            futures::executor::block_on(Scoped::new(
-                async {
-                    // Unsampled: the ids still reach outbound requests and log lines.
-                    let current = toolgate_core::trace::current().unwrap();
-                    assert!(!current.sampled);
-                    assert_eq!(current.trace_id.to_string(), TRACE);
-                    drop(tracing::info_span!("quiet child"));
-                    assert!(Leaf::start("quiet leaf", ("k", LeafValue::Int(1))).is_none());
-                },
-                scope,
-            ));
+            futures::executor::block_on(in_span(scope, async {
+                // Unsampled: the ids still reach outbound requests and log lines.
+                let current = toolgate_core::trace::current().unwrap();
+                assert!(!current.sampled);
+                assert_eq!(current.trace_id.to_string(), TRACE);
+                drop(tracing::info_span!("quiet child"));
+                assert!(Leaf::start("quiet leaf", ("k", LeafValue::Int(1))).is_none());
+            }));
         });
         let spans = decoded(&queue);
         assert_eq!(spans.len(), 1, "{spans:#?}");
@@ -284,32 +202,29 @@ mod tests {
                 clippy::async_yields_async,
                 reason = "the request's future hands out the task it spawned, still running"
             )]
-            let task = runtime.block_on(Scoped::new(
-                async {
-                    // As the overload layer spawns a call's work.
-                    let task = tokio::spawn(in_current_span(async {
-                        wait.await.unwrap();
-                        drop(tracing::info_span!("in the task"));
-                    }));
-                    // A task spawned with `tracing`'s current span is in it too.
-                    let other = tokio::spawn(
-                        async { drop(tracing::info_span!("in the other task")) }
-                            .instrument(tracing::Span::current()),
-                    );
-                    other.await.unwrap();
-                    // In a span entered in the scope: that span.
-                    let call = tracing::info_span!("call");
-                    call.in_scope(|| {
-                        tokio::spawn(in_current_span(async {
-                            drop(tracing::info_span!("in the call's task"));
-                        }))
-                    })
-                    .await
-                    .unwrap();
-                    task
-                },
-                scope,
-            ));
+            let task = runtime.block_on(in_span(scope, async {
+                // As the overload layer spawns a call's work.
+                let task = tokio::spawn(in_current_span(async {
+                    wait.await.unwrap();
+                    drop(tracing::info_span!("in the task"));
+                }));
+                // A task spawned with `tracing`'s current span is in it too.
+                let other = tokio::spawn(
+                    async { drop(tracing::info_span!("in the other task")) }
+                        .instrument(tracing::Span::current()),
+                );
+                other.await.unwrap();
+                // In a span entered in the scope: that span.
+                let call = tracing::info_span!("call");
+                call.in_scope(|| {
+                    tokio::spawn(in_current_span(async {
+                        drop(tracing::info_span!("in the call's task"));
+                    }))
+                })
+                .await
+                .unwrap();
+                task
+            }));
             // The request's future is done; the task still holds the span.
             let spans = decoded(&queue);
             let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
@@ -326,5 +241,135 @@ mod tests {
         assert_eq!(names, ["in the task", "svc/Method"]);
         assert_eq!(spans[1].span_id, server_id);
         assert_eq!(spans[0].parent_span_id, server_id);
+    }
+
+    toolgate_core::span_site!(CALL, "call", "toolgate::test");
+    toolgate_core::span_site!(TASK, "task", "toolgate::test");
+
+    /// A span opened with `toolgate_core::trace::Span::open`, which the recorder must make.
+    fn opened(
+        site: &'static tracing::Metadata<'static>,
+        attributes: &[(&'static str, Attribute<'_>)],
+    ) -> toolgate_core::trace::Span {
+        let span = toolgate_core::trace::Span::open(site, attributes, || {
+            unreachable!("the recorder makes it")
+        });
+        assert!(matches!(span, toolgate_core::trace::Span::Scope(_)));
+        span
+    }
+
+    fn text(value: &str) -> Option<any_value::Value> {
+        Some(any_value::Value::StringValue(value.to_owned()))
+    }
+
+    #[test]
+    fn a_span_opened_in_a_scope_is_its_child_and_the_scope_of_what_runs_in_it() {
+        let queue = Arc::new(SpanQueue::new(16, 16));
+        tracing::subscriber::with_default(recorder(&queue), || {
+            futures::executor::block_on(in_span(server_span(Some(caller("01"))), async {
+                let server = toolgate_core::trace::current().unwrap();
+                let call = opened(
+                    &CALL,
+                    &[
+                        ("opened", Attribute::Int(1)),
+                        ("otel.name", Attribute::Text("call tool")),
+                    ],
+                );
+                let context = call.context().unwrap();
+                assert_eq!(context.trace_id, server.trace_id);
+                assert_ne!(context.span_id, server.span_id);
+                in_span(&call, async {
+                    for _ in 0..2 {
+                        assert_eq!(toolgate_core::trace::current().unwrap(), context);
+                        let current = tracing::Span::current();
+                        assert_eq!(current.metadata().map(|m| m.name()), Some("call"));
+                        drop(current);
+                        drop(Leaf::start("leaf", ("k", LeafValue::Int(1))).unwrap());
+                        yield_once().await;
+                    }
+                    // Owned, as a connector's task holds it: it ends when its work is done.
+                    let task = opened(&TASK, &[]);
+                    in_span(task, async {
+                        drop(tracing::info_span!("attempt"));
+                        yield_once().await;
+                        let current = toolgate_core::trace::current().unwrap();
+                        assert_eq!(current.trace_id, context.trace_id);
+                        assert_ne!(current.span_id, context.span_id);
+                    })
+                    .await;
+                    let ended = decoded(&queue);
+                    assert_eq!(ended.last().map(|span| span.name.as_str()), Some("task"));
+                    let by = |name: &str| ended.iter().find(|span| span.name == name).unwrap();
+                    assert_eq!(by("attempt").parent_span_id, by("task").span_id);
+                    assert_eq!(by("task").parent_span_id, context.span_id.0);
+                    assert_eq!(by("leaf").parent_span_id, context.span_id.0);
+                })
+                .await;
+                // Out of the call's scope: the server's again.
+                assert_eq!(toolgate_core::trace::current().unwrap(), server);
+                call.annotate(&[
+                    ("late", Attribute::Text("yes")),
+                    ("otel.status_code", Attribute::Text("error")),
+                ]);
+                assert!(!call.is_disabled());
+            }));
+        });
+        let spans = decoded(&queue);
+        let names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["call tool", "svc/Method"],
+            "leaves and the task went first"
+        );
+        let (call, server) = (&spans[0], &spans[1]);
+        assert_eq!(call.parent_span_id, server.span_id);
+        assert_eq!(call.kind, span::SpanKind::Internal as i32);
+        assert_eq!(hex(&call.trace_id), TRACE);
+        assert_eq!(call.trace_state, "congo=t61");
+        assert_eq!(
+            attribute(call, "opened"),
+            Some(any_value::Value::IntValue(1))
+        );
+        assert_eq!(attribute(call, "late"), text("yes"));
+        assert_eq!(
+            call.status.as_ref().map(|status| status.code),
+            Some(opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error as i32)
+        );
+        assert!(call.end_time_unix_nano <= server.end_time_unix_nano);
+    }
+
+    #[test]
+    fn an_opened_span_follows_its_parents_sampling_and_needs_a_recorder() {
+        let queue = Arc::new(SpanQueue::new(16, 16));
+        tracing::subscriber::with_default(recorder(&queue), || {
+            // Under an unsampled caller: ids to pass on, nothing kept or queued.
+            futures::executor::block_on(in_span(server_span(Some(caller("00"))), async {
+                let call = opened(&CALL, &[("opened", Attribute::Int(1))]);
+                let context = call.context().unwrap();
+                assert!(!context.sampled);
+                assert_eq!(context.trace_id.to_string(), TRACE);
+                in_span(&call, async {
+                    assert_eq!(toolgate_core::trace::current().unwrap(), context);
+                    assert!(Leaf::start("leaf", ("k", LeafValue::Int(1))).is_none());
+                })
+                .await;
+                call.annotate(&[("late", Attribute::Text("yes"))]);
+            }));
+            assert!(decoded(&queue).is_empty());
+            // With no span around: a root of a trace of its own.
+            drop(opened(&CALL, &[]));
+        });
+        let spans = decoded(&queue);
+        assert_eq!(spans.len(), 1);
+        assert!(spans[0].parent_span_id.is_empty());
+        assert_ne!(hex(&spans[0].trace_id), TRACE);
+        // Another subscriber as the default: the `tracing` span the caller gives.
+        tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+            let span =
+                toolgate_core::trace::Span::open(&CALL, &[], || tracing::info_span!("fallback"));
+            assert!(matches!(span, toolgate_core::trace::Span::Tracing(_)));
+            assert!(span.is_disabled());
+            assert_eq!(span.context(), None);
+        });
     }
 }

@@ -112,7 +112,7 @@ impl Engine {
         name: &ToolName,
         tool: &Tool,
         arguments: &Value,
-        span: &tracing::Span,
+        span: &trace::Span,
     ) -> Result<Decided, Stop> {
         let policy = match self.tenant_policy(&call.record.tenant).await? {
             PolicyState::Ready(policy) => policy,
