@@ -208,7 +208,7 @@ struct Batches {
 }
 
 impl Batches {
-    async fn send(&mut self, batch: Vec<EncodedSpan>) {
+    async fn send(&mut self, batch: Spans) {
         let spans = batch.len();
         let count = u64::try_from(spans).unwrap_or(u64::MAX);
         self.losses.in_flight.store(count, Ordering::Relaxed);
@@ -280,7 +280,7 @@ impl Head {
     /// `ExportTraceServiceRequest { resource_spans: [{ resource, scope_spans: [{ scope,
     /// spans }] }] }`, as bytes.
     #[cfg(test)]
-    fn request(&self, batch: &[EncodedSpan]) -> Vec<u8> {
+    fn request(&self, batch: &Spans) -> Vec<u8> {
         let sizes = self.sizes(batch);
         let mut out = Vec::with_capacity(sizes.total());
         self.write_request(batch, &sizes, &mut out);
@@ -294,12 +294,8 @@ impl Head {
 
     /// Every length of the request, computed first, so each byte is written once, in place
     /// (a length written before its message would otherwise move what follows it).
-    fn sizes(&self, batch: &[EncodedSpan]) -> Sizes {
-        let scope_spans = field_len(self.scope.len())
-            + batch
-                .iter()
-                .map(|span| field_len(span.0.len()))
-                .sum::<usize>();
+    fn sizes(&self, batch: &Spans) -> Sizes {
+        let scope_spans = field_len(self.scope.len()) + batch.bytes.len();
         let resource_spans = field_len(self.resource.len()) + field_len(scope_spans);
         Sizes {
             scope_spans,
@@ -307,17 +303,14 @@ impl Head {
         }
     }
 
-    fn write_request(&self, batch: &[EncodedSpan], sizes: &Sizes, out: &mut impl BufMut) {
+    fn write_request(&self, batch: &Spans, sizes: &Sizes, out: &mut impl BufMut) {
         put::len(out, 1, sizes.resource_spans);
         put::len(out, 1, self.resource.len());
         out.put_slice(&self.resource);
         put::len(out, 2, sizes.scope_spans);
         put::len(out, 1, self.scope.len());
         out.put_slice(&self.scope);
-        for span in batch {
-            put::len(out, 2, span.0.len());
-            out.put_slice(&span.0);
-        }
+        out.put_slice(&batch.bytes);
     }
 }
 
@@ -338,7 +331,7 @@ impl Sizes {
 #[derive(Debug)]
 struct Export {
     head: Arc<Head>,
-    spans: Vec<EncodedSpan>,
+    spans: Spans,
 }
 
 /// Writes an [`Export`] straight into the request's buffer; the answer is not read.
@@ -401,36 +394,62 @@ fn optional_len(body: usize) -> usize {
     if body == 0 { 0 } else { field_len(body) }
 }
 
-/// A closed span, as the body of its OTLP `Span` message: encoded as it closes, while its
-/// record is still in the cache, so the queue holds compact bytes and a batch's request is a
-/// copy of them. Its attributes come first, as they were recorded, then its other fields
-/// (protobuf's fields may come in any order).
-#[derive(Debug)]
-pub(crate) struct EncodedSpan(Vec<u8>);
+/// `ScopeSpans.spans`: field 2.
+const SPANS: u8 = 2;
 
-impl EncodedSpan {
-    pub(crate) fn new(mut span: SpanRecord) -> EncodedSpan {
-        let mut out = std::mem::take(&mut span.attributes).into_encoded();
-        let attributes = out.len();
-        let times = Times {
-            start: unix_nanos(span.start),
-            end: unix_nanos(span.end),
-        };
-        let rest = span_len(&span, times);
-        out.reserve_exact(rest);
-        put_span(&mut out, &span, times);
-        debug_assert_eq!(
-            out.len(),
-            attributes + rest,
-            "span_len is what put_span writes"
-        );
-        EncodedSpan(out)
+/// Writes a closed span into `out` as one `ScopeSpans.spans` field (its tag, its length and
+/// the `Span` message), so a batch of them is a request's spans as they are: its attributes
+/// first, as they were recorded, then its other fields (protobuf's fields may come in any
+/// order). Encoded as it closes, while its record is still in the cache, straight into the
+/// export queue's buffer. Returns the field's size.
+pub(crate) fn put_framed_span(out: &mut Vec<u8>, span: &SpanRecord) -> usize {
+    let attributes = span.attributes.encoded();
+    let times = Times {
+        start: unix_nanos(span.start),
+        end: unix_nanos(span.end),
+    };
+    let body = attributes.len() + span_len(span, times);
+    let size = field_len(body);
+    out.reserve(size);
+    let at = out.len();
+    put::len(out, SPANS, body);
+    out.put_slice(attributes);
+    put_span(out, span, times);
+    debug_assert_eq!(out.len() - at, size, "span_len is what put_span writes");
+    size
+}
+
+/// Closed spans, each one a `ScopeSpans.spans` field ([`put_framed_span`]), in the order they
+/// closed: a batch taken from the export queue.
+#[derive(Debug, Default)]
+pub(crate) struct Spans {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) count: usize,
+}
+
+impl Spans {
+    pub(crate) fn len(&self) -> usize {
+        self.count
     }
 
-    /// The `Span` message's body.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Each span's `Span` message.
     #[cfg(test)]
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.0
+    pub(crate) fn messages(&self) -> Vec<&[u8]> {
+        let mut messages = Vec::with_capacity(self.count);
+        let mut rest = &self.bytes[..];
+        while let [tag, after @ ..] = rest {
+            assert_eq!(*tag, SPANS << 3 | put::LEN, "a spans field");
+            let (len, read) = put::read_varint(after).expect("a length");
+            let len = usize::try_from(len).unwrap();
+            messages.push(&after[read..read + len]);
+            rest = &after[read + len..];
+        }
+        assert_eq!(messages.len(), self.count);
+        messages
     }
 }
 
@@ -832,15 +851,9 @@ impl Attributes {
         None
     }
 
-    /// The `Span.attributes` fields, as written.
-    #[cfg(test)]
+    /// The `Span.attributes` fields, to write the rest of the span after them.
     pub(crate) fn encoded(&self) -> &[u8] {
         &self.encoded
-    }
-
-    /// The `Span.attributes` fields, to write the rest of the span after them.
-    pub(crate) fn into_encoded(self) -> Vec<u8> {
-        self.encoded
     }
 }
 
@@ -911,6 +924,18 @@ mod tests {
         }
     }
 
+    /// `records` as the exporter takes them from its queue.
+    fn batch(records: Vec<SpanRecord>) -> Spans {
+        let queue = SpanQueue::new(records.len().max(1), 1);
+        let count = records.len();
+        for record in records {
+            queue.push(record);
+        }
+        let spans = queue.take(usize::MAX);
+        assert_eq!(spans.len(), count);
+        spans
+    }
+
     fn record(start: SystemTime) -> SpanRecord {
         let context = SpanContext {
             trace_id: TraceId([7; 16]),
@@ -974,8 +999,7 @@ mod tests {
             attributes: Attributes::default(),
             ..record(start)
         };
-        let bytes = Head::new(&export())
-            .request(&[EncodedSpan::new(record(start)), EncodedSpan::new(root)]);
+        let bytes = Head::new(&export()).request(&batch(vec![record(start), root]));
         let request = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
         assert_eq!(request.resource_spans.len(), 1);
         let resource_spans = &request.resource_spans[0];
@@ -1065,7 +1089,7 @@ mod tests {
         let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
         let start = UNIX_EPOCH + Duration::from_secs(1);
         for _ in 0..3 {
-            queue.push(EncodedSpan::new(record(start)));
+            queue.push(record(start));
         }
         (exporter, queue)
     }
@@ -1149,7 +1173,7 @@ mod tests {
         let queue = Arc::new(SpanQueue::new(16, 4));
         let start = UNIX_EPOCH + Duration::from_secs(1);
         for _ in 0..6 {
-            queue.push(EncodedSpan::new(record(start)));
+            queue.push(record(start));
         }
         let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
         let began = std::time::Instant::now();
@@ -1166,7 +1190,7 @@ mod tests {
         assert_eq!(queue.len(), 2);
         // Two more make a full batch with the two waiting.
         for _ in 0..2 {
-            queue.push(EncodedSpan::new(record(start)));
+            queue.push(record(start));
         }
         while collector.sizes().len() < 2 {
             assert!(
@@ -1176,7 +1200,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // One left over, sent by the stop.
-        queue.push(EncodedSpan::new(record(start)));
+        queue.push(record(start));
         assert_eq!(exporter.shutdown(Duration::from_secs(10)).await, 0);
         assert_eq!(collector.sizes(), [4, 4, 1]);
     }
@@ -1209,14 +1233,14 @@ mod tests {
     fn lengths_past_one_varint_byte_are_framed_right() {
         let start = UNIX_EPOCH + Duration::from_secs(1);
         let long = "x".repeat(70_000);
-        let spans: Vec<EncodedSpan> = (0..4)
-            .map(|_| {
-                EncodedSpan::new(SpanRecord {
+        let spans = batch(
+            (0..4)
+                .map(|_| SpanRecord {
                     attributes: attributes(&[("long", Value::Text(&long))]),
                     ..record(start)
                 })
-            })
-            .collect();
+                .collect(),
+        );
         let bytes = Head::new(&export()).request(&spans);
         let request = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
         let decoded = &request.resource_spans[0].scope_spans[0].spans;

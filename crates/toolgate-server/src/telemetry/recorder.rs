@@ -1,7 +1,8 @@
 //! The span recorder: the process's `tracing` subscriber while traces are on. It keeps what
 //! an exported span needs (ids, parent, name, kind, status, times, attributes, links) in one
-//! small record per span, queues the record of each sampled span when it closes, for the
-//! exporter (`otlp.rs`) to encode in batches, and hands every event to the log subscriber.
+//! small record per span, encodes each sampled span into the export queue when it closes,
+//! for the exporter (`otlp.rs`) to send in batches, and hands every event to the log
+//! subscriber.
 //!
 //! It replaces a general bridge to an OpenTelemetry SDK (a builder and context per span, a
 //! context attached on every poll, a second conversion to the SDK's span data) and then a
@@ -32,9 +33,16 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_core::span::Current;
 
 use super::Sampler;
-use super::otlp::{Attributes as OtlpAttributes, EncodedSpan, Value};
+use super::otlp::{Attributes as OtlpAttributes, Spans, Value, put_framed_span};
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Metadata, Subscriber};
+
+/// The room a span's record makes for `count` attributes at once: the usual one (a name and a
+/// short value) each, and as much again as `Attributes::push` reserves for one before writing
+/// it, so a span with the attributes it declares never grows its record (a longer one does).
+fn attribute_room(count: usize) -> usize {
+    count * 48 + 96
+}
 
 /// A span's kind (the OTLP enumeration's values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,9 +262,14 @@ impl Visit for Fields<'_> {
 
 /// The closed spans waiting for the exporter, bounded: past `capacity` a span is dropped and
 /// counted rather than letting memory grow while the collector is away.
+///
+/// The spans are kept as the bytes a request carries ([`put_framed_span`]), encoded straight
+/// into one buffer as they are pushed: a batch is taken as a whole, without an allocation per
+/// span made on a worker thread and freed on the exporter's (jemalloc sends each such free
+/// back to the arena it came from, under the arena's lock).
 #[derive(Debug)]
 pub(crate) struct SpanQueue {
-    spans: Mutex<VecDeque<EncodedSpan>>,
+    waiting: Mutex<Waiting>,
     capacity: usize,
     /// The queue's length at which the exporter is woken before its schedule.
     batch: usize,
@@ -264,10 +277,20 @@ pub(crate) struct SpanQueue {
     dropped: AtomicU64,
 }
 
+/// The queue's spans: their bytes, and each one's size there, oldest first.
+#[derive(Debug, Default)]
+struct Waiting {
+    bytes: Vec<u8>,
+    sizes: VecDeque<usize>,
+}
+
 impl SpanQueue {
     pub(crate) fn new(capacity: usize, batch: usize) -> SpanQueue {
         SpanQueue {
-            spans: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+            waiting: Mutex::new(Waiting {
+                bytes: Vec::new(),
+                sizes: VecDeque::with_capacity(capacity.min(4096)),
+            }),
             capacity,
             batch: batch.min(capacity).max(1),
             wake: tokio::sync::Notify::new(),
@@ -275,32 +298,43 @@ impl SpanQueue {
         }
     }
 
-    pub(crate) fn push(&self, span: EncodedSpan) {
-        let mut spans = self
-            .spans
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if spans.len() >= self.capacity {
-            drop(spans);
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a closed span (its record is dropped once the queue's lock is let go).
+    pub(crate) fn push(&self, span: SpanRecord) {
+        let mut waiting = self.waiting();
+        if waiting.sizes.len() >= self.capacity {
+            drop(waiting);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        spans.push_back(span);
-        let full = spans.len() == self.batch;
-        drop(spans);
+        let size = put_framed_span(&mut waiting.bytes, &span);
+        waiting.sizes.push_back(size);
+        let full = waiting.sizes.len() == self.batch;
+        drop(waiting);
+        drop(span);
         if full {
             self.wake.notify_one();
         }
     }
 
     /// Takes up to `max` of the oldest spans.
-    pub(crate) fn take(&self, max: usize) -> Vec<EncodedSpan> {
-        let mut spans = self
-            .spans
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        let count = spans.len().min(max);
-        spans.drain(..count).collect()
+    pub(crate) fn take(&self, max: usize) -> Spans {
+        let mut waiting = self.waiting();
+        let count = waiting.sizes.len().min(max);
+        if count == 0 {
+            return Spans::default();
+        }
+        // The buffer goes with the batch; the spans left, if any, move to a new one as large.
+        let cut: usize = waiting.sizes.drain(..count).sum();
+        let mut left = Vec::with_capacity(waiting.bytes.capacity());
+        left.extend_from_slice(&waiting.bytes[cut..]);
+        let mut bytes = std::mem::replace(&mut waiting.bytes, left);
+        drop(waiting);
+        bytes.truncate(cut);
+        Spans { bytes, count }
     }
 
     pub(crate) fn batch(&self) -> usize {
@@ -309,10 +343,7 @@ impl SpanQueue {
 
     /// The spans waiting.
     pub(crate) fn len(&self) -> usize {
-        self.spans
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .len()
+        self.waiting().sizes.len()
     }
 
     /// Resolves once a batch is waiting (or at once if one was signalled meanwhile).
@@ -458,7 +489,7 @@ impl Recorder {
         let parent = &leaf.parent;
         // Room as `new_span` makes it for a span's fields (`push` reserves more for a longer one).
         let mut attributes =
-            OtlpAttributes::with_capacity(leaf.attributes().count() * 48 + 96 + leaf.name.len());
+            OtlpAttributes::with_capacity(attribute_room(leaf.attributes().count()));
         for (key, value) in leaf.attributes() {
             match value {
                 LeafValue::Text(text) => attributes.push(key, Value::Text(text)),
@@ -475,7 +506,7 @@ impl Recorder {
             attributes,
         );
         record.end = end;
-        self.queue.push(EncodedSpan::new(record));
+        self.queue.push(record);
     }
 
     /// The current span: the last this recorder's entered on the thread, unless the thread
@@ -546,7 +577,7 @@ impl Recorder {
         let (name, fields) = if sampled {
             let name = name();
             // Room as `new_span` makes it, for the few attributes a server span has.
-            let mut fields = OtlpAttributes::with_capacity(4 * 48 + 96 + name.len());
+            let mut fields = OtlpAttributes::with_capacity(attribute_room(4));
             attributes(&mut fields);
             (Cow::Owned(name), fields)
         } else {
@@ -594,7 +625,7 @@ impl Recorder {
         // Room as `new_span` makes it, for the attributes the site lists (those given later
         // too: growing the record as they come costs more than the room).
         let capacity = if sampled {
-            attributes.len().max(site.fields().len()) * 48 + 96 + site.name().len()
+            attribute_room(attributes.len().max(site.fields().len()))
         } else {
             0
         };
@@ -731,11 +762,7 @@ impl Subscriber for Recorder {
             Cow::Borrowed(metadata.name()),
             Kind::Internal,
             SystemTime::now(),
-            // Room for the usual attribute (a name and a short value) each, and for the rest
-            // of the span, written after them when it closes (`EncodedSpan`).
-            OtlpAttributes::with_capacity(
-                metadata.fields().len() * 48 + 96 + metadata.name().len(),
-            ),
+            OtlpAttributes::with_capacity(attribute_room(metadata.fields().len())),
         );
         let mut recorded = 0;
         // Fields are written before any table is locked: a `Debug` may do anything. A span
@@ -849,7 +876,7 @@ impl Subscriber for Recorder {
         drop(table);
         if record.context.sampled {
             record.end = SystemTime::now();
-            self.queue.push(EncodedSpan::new(record));
+            self.queue.push(record);
         }
         true
     }
@@ -956,8 +983,9 @@ pub(super) mod tests {
     pub(in crate::telemetry) fn decoded(queue: &SpanQueue) -> Vec<Span> {
         queue
             .take(usize::MAX)
-            .iter()
-            .map(|span| Span::decode(span.bytes()).unwrap())
+            .messages()
+            .into_iter()
+            .map(|span| Span::decode(span).unwrap())
             .collect()
     }
 
@@ -1209,6 +1237,38 @@ pub(super) mod tests {
         });
         assert_eq!(spans.len(), 2);
         assert_eq!(queue.dropped(), 3);
+    }
+
+    #[test]
+    fn a_batch_takes_the_oldest_spans_and_leaves_the_rest_in_order() {
+        let queue = Arc::new(SpanQueue::new(8, 3));
+        let logs = Box::new(tracing::subscriber::NoSubscriber::default());
+        tracing::subscriber::with_default(Recorder::new(Arc::clone(&queue), logs), || {
+            for name in ["a", "b", "c", "d", "e"] {
+                drop(tracing::info_span!("span", otel.name = name));
+            }
+        });
+        let names = |spans: Spans| -> Vec<String> {
+            spans
+                .messages()
+                .into_iter()
+                .map(|span| Span::decode(span).unwrap().name)
+                .collect()
+        };
+        assert_eq!(queue.len(), 5);
+        assert_eq!(names(queue.take(2)), ["a", "b"]);
+        assert_eq!(queue.len(), 3);
+        // Spans queued after a batch was taken follow those left.
+        tracing::subscriber::with_default(
+            Recorder::new(
+                Arc::clone(&queue),
+                Box::new(tracing::subscriber::NoSubscriber::default()),
+            ),
+            || drop(tracing::info_span!("span", otel.name = "f")),
+        );
+        assert_eq!(names(queue.take(usize::MAX)), ["c", "d", "e", "f"]);
+        assert!(queue.take(1).is_empty());
+        assert_eq!(queue.len(), 0);
     }
 
     /// A log subscriber that counts the events it is given and refuses debug ones.
