@@ -116,10 +116,10 @@ pub enum Span {
 
 impl Span {
     /// Opens a span named and located by `site` ([`span_site!`](crate::span_site), which lists
-    /// the attributes it may carry), of kind internal, as a child of the current span, with `attributes` (`otel.name` and
-    /// `otel.status_code` as the special fields they are): a scope, when the default
-    /// dispatcher is a recording subscriber, else `fallback`'s `tracing` span, which declares
-    /// the same fields (and those to be annotated later, `Empty`).
+    /// the attributes it may carry), of kind internal, as a child of the current span, with
+    /// `attributes` (`otel.name` and `otel.status_code` as the special fields they are): a
+    /// scope, when the default dispatcher is a recording subscriber, else `fallback`'s
+    /// `tracing` span, which declares the same fields (and those annotated later, `Empty`).
     pub fn open(
         site: &'static tracing::Metadata<'static>,
         attributes: &[(&'static str, Attribute<'_>)],
@@ -228,7 +228,10 @@ impl<S: Borrow<Span>, F: Future> Future for InSpan<S, F> {
 /// opens or later, can be listed after it: the recorder makes room for that many at once.
 #[macro_export]
 macro_rules! span_site {
-    ($vis:vis $metadata:ident, $name:literal, $target:literal $(, [$($field:literal),* $(,)?])?) => {
+    (
+        $vis:vis $metadata:ident, $name:literal, $target:literal
+        $(, [$($field:literal),* $(,)?])?
+    ) => {
         $vis static $metadata: $crate::trace::__tracing::Metadata<'static> = {
             static __SPAN_SITE: $crate::trace::Site = $crate::trace::Site(&$metadata);
             $crate::trace::__tracing::Metadata::new(

@@ -3,8 +3,8 @@
 //! under it, joins the agent's trace.
 //!
 //! With traces on, the recorder makes the server span itself and it is entered as a scope
-//! (`toolgate_core::trace::Span`); without them it is a `tracing` span at debug level, for the text logs of a
-//! gateway logging at debug.
+//! (`toolgate_core::trace::Span`); without them it is a `tracing` span at debug level, for the
+//! text logs of a gateway logging at debug.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -583,10 +583,9 @@ impl Recorder {
         } else {
             (Cow::Borrowed(site.name()), OtlpAttributes::with_capacity(0))
         };
-        let id = self.insert(Node {
-            metadata: site,
-            handles: 1,
-            record: SpanRecord::open(
+        self.insert_scope(
+            site,
+            SpanRecord::open(
                 (trace_id, sampled, trace_state),
                 parent,
                 name,
@@ -594,15 +593,13 @@ impl Recorder {
                 now,
                 fields,
             ),
-            recorded: 0,
-        });
-        Scope::adopt(self.instance, id.into_u64())
+        )
     }
 
     /// Opens a span whose `tracing` call site is `site` as a scope (`toolgate_core::trace::Span`):
     /// a child of the current span (a root when there is none), of kind internal, with
     /// `attributes` written straight into its record when its trace is sampled. It closes as
-    /// any span does, when the last handle to it goes; the caller holds the first, the `Id`
+    /// any span does, when the last handle to it goes; the caller holds the first, the scope
     /// returned.
     fn child_scope(
         &self,
@@ -641,6 +638,12 @@ impl Recorder {
         if sampled {
             record.annotate(attributes);
         }
+        self.insert_scope(site, record)
+    }
+
+    /// Keeps the `record` of a span made for a scope, whose call site is `site`; the first
+    /// handle to it.
+    fn insert_scope(&self, site: &'static Metadata<'static>, record: SpanRecord) -> Scope {
         let id = self.insert(Node {
             metadata: site,
             handles: 1,
