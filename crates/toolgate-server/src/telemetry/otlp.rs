@@ -8,18 +8,21 @@
 //! rather than built as a tree of generated messages first: a span's attribute keys, ids and
 //! values are copied once into the request's bytes instead of into a dozen small allocations
 //! each. The tests decode what it writes with the generated messages of the official proto.
+//! The call is made on tonic's channel itself, with the batch's bytes as the request's body
+//! as they were queued (see [`Batches::export`]), not through a codec that copies them.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf as _, BufMut};
+use bytes::{BufMut, Bytes};
+use http_body::{Frame, SizeHint};
 use tokio::sync::{Notify, oneshot, watch};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::codegen::http::uri::PathAndQuery;
+use tonic::codegen::http::{self, HeaderMap, HeaderValue, header};
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
+use tower_service::Service as _;
 
 use toolgate_core::trace::SpanContext;
 
@@ -64,7 +67,7 @@ impl Exporter {
             })?
             .connect_timeout(export.timeout)
             .timeout(export.timeout);
-        let headers = metadata(&export.headers)?;
+        let headers = request_headers(metadata(&export.headers)?);
         let head = Arc::new(Head::new(export));
         let losses = Arc::new(Losses::default());
         let (stop, stopped) = watch::channel(false);
@@ -89,7 +92,7 @@ impl Exporter {
                     head,
                     headers,
                     endpoint: endpoint_text,
-                    client: tonic::client::Grpc::new(endpoint.connect_lazy()),
+                    client: endpoint.connect_lazy(),
                     failing: 0,
                     losses,
                 };
@@ -199,9 +202,10 @@ async fn run(
 #[derive(Debug)]
 struct Batches {
     head: Arc<Head>,
-    headers: MetadataMap,
+    /// Every request's headers: gRPC's own and `OTEL_EXPORTER_OTLP_HEADERS`.
+    headers: HeaderMap,
     endpoint: String,
-    client: tonic::client::Grpc<Channel>,
+    client: Channel,
     /// Batches failed in a row (the first failure is logged, and the recovery).
     failing: u64,
     losses: Arc<Losses>,
@@ -212,21 +216,7 @@ impl Batches {
         let spans = batch.len();
         let count = u64::try_from(spans).unwrap_or(u64::MAX);
         self.losses.in_flight.store(count, Ordering::Relaxed);
-        let mut request = tonic::Request::new(Export {
-            head: Arc::clone(&self.head),
-            spans: batch,
-        });
-        *request.metadata_mut() = self.headers.clone();
-        let sent = match self.client.ready().await {
-            Ok(()) => self
-                .client
-                // The answer only reports spans the collector rejected, which this exporter
-                // would not send again anyway: it is not read.
-                .unary::<_, (), _>(request, PathAndQuery::from_static(EXPORT), ExportCodec)
-                .await
-                .map(drop),
-            Err(error) => Err(tonic::Status::unavailable(error.to_string())),
-        };
+        let sent = self.export(batch).await;
         self.losses.in_flight.store(0, Ordering::Relaxed);
         match sent {
             Ok(()) => {
@@ -254,6 +244,108 @@ impl Batches {
             }
         }
     }
+
+    /// One unary `Export` call, made on the channel itself: the request's body is the gRPC
+    /// message's head and the batch's bytes as they were queued (no copy into a codec's
+    /// buffer), and it ends with its last data frame rather than with an empty frame of its
+    /// own (one write less a batch). The answer only reports spans the collector rejected,
+    /// which this exporter would not send again anyway: only its status is read.
+    async fn export(&mut self, batch: Spans) -> Result<(), tonic::Status> {
+        let body = ExportBody {
+            chunks: [
+                Some(Bytes::from(self.head.message_head(&batch))),
+                Some(Bytes::from(batch.bytes)),
+            ],
+        };
+        let mut request = http::Request::new(tonic::body::Body::new(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = http::Uri::from_static(EXPORT);
+        *request.headers_mut() = self.headers.clone();
+        let unavailable = |error: &dyn fmt::Display| tonic::Status::unavailable(error.to_string());
+        std::future::poll_fn(|cx| self.client.poll_ready(cx))
+            .await
+            .map_err(|error| unavailable(&error))?;
+        let response = self
+            .client
+            .call(request)
+            .await
+            .map_err(|error| unavailable(&error))?;
+        answer_status(response).await
+    }
+}
+
+/// The gRPC status of an answer: in its headers (a trailers-only answer) or in the trailers
+/// after its body; an HTTP error or an answer without a status is an error.
+async fn answer_status(response: http::Response<tonic::body::Body>) -> Result<(), tonic::Status> {
+    let (parts, body) = response.into_parts();
+    if parts.status != http::StatusCode::OK {
+        return Err(tonic::Status::unavailable(format!(
+            "the collector answered HTTP {}",
+            parts.status
+        )));
+    }
+    let status = match tonic::Status::from_header_map(&parts.headers) {
+        Some(status) => status,
+        None => {
+            let collected = http_body_util::BodyExt::collect(body).await?;
+            collected
+                .trailers()
+                .and_then(tonic::Status::from_header_map)
+                .ok_or_else(|| {
+                    tonic::Status::internal("the collector's answer carried no gRPC status")
+                })?
+        }
+    };
+    match status.code() {
+        tonic::Code::Ok => Ok(()),
+        _ => Err(status),
+    }
+}
+
+/// An export request's body: the message's head, then the batch; the last chunk ends the
+/// stream ([`http_body::Body::is_end_stream`] turns true as it is taken, so the last data
+/// frame carries END_STREAM).
+#[derive(Debug)]
+struct ExportBody {
+    chunks: [Option<Bytes>; 2],
+}
+
+impl http_body::Body for ExportBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let next = self
+            .chunks
+            .iter_mut()
+            .find_map(Option::take)
+            .map(|chunk| Ok(Frame::data(chunk)));
+        std::task::Poll::Ready(next)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.iter().all(Option::is_none)
+    }
+
+    /// Unknown, as a gRPC client's body is: a known size would add a `content-length` header
+    /// a gRPC request does not carry.
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// The headers of every export: gRPC's own, then the configured ones.
+fn request_headers(metadata: MetadataMap) -> HeaderMap {
+    let mut headers = metadata.into_headers();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    headers
 }
 
 /// The parts of every request that do not change: the resource and the instrumentation scope,
@@ -283,12 +375,24 @@ impl Head {
     fn request(&self, batch: &Spans) -> Vec<u8> {
         let sizes = self.sizes(batch);
         let mut out = Vec::with_capacity(sizes.total());
-        self.write_request(batch, &sizes, &mut out);
+        self.write_head(&sizes, &mut out);
+        out.extend_from_slice(&batch.bytes);
         assert_eq!(
             out.len(),
             sizes.total(),
             "the sizes computed are the sizes written"
         );
+        out
+    }
+
+    /// What comes before the batch's spans in the request's gRPC message: the message's
+    /// prefix (not compressed, its length) and the request's fields up to its spans.
+    fn message_head(&self, batch: &Spans) -> Vec<u8> {
+        let sizes = self.sizes(batch);
+        let mut out = Vec::with_capacity(sizes.total() - batch.bytes.len() + 5);
+        out.put_u8(0);
+        out.put_u32(u32::try_from(sizes.total()).unwrap_or(u32::MAX));
+        self.write_head(&sizes, &mut out);
         out
     }
 
@@ -303,14 +407,14 @@ impl Head {
         }
     }
 
-    fn write_request(&self, batch: &Spans, sizes: &Sizes, out: &mut impl BufMut) {
+    /// The request's fields before its spans (which are the batch's bytes as they are).
+    fn write_head(&self, sizes: &Sizes, out: &mut impl BufMut) {
         put::len(out, 1, sizes.resource_spans);
         put::len(out, 1, self.resource.len());
         out.put_slice(&self.resource);
         put::len(out, 2, sizes.scope_spans);
         put::len(out, 1, self.scope.len());
         out.put_slice(&self.scope);
-        out.put_slice(&batch.bytes);
     }
 }
 
@@ -324,62 +428,6 @@ impl Sizes {
     /// The whole request's size.
     fn total(&self) -> usize {
         field_len(self.resource_spans)
-    }
-}
-
-/// An export request: the batch, with what every request shares.
-#[derive(Debug)]
-struct Export {
-    head: Arc<Head>,
-    spans: Spans,
-}
-
-/// Writes an [`Export`] straight into the request's buffer; the answer is not read.
-#[derive(Debug, Clone, Copy, Default)]
-struct ExportCodec;
-
-impl Codec for ExportCodec {
-    type Encode = Export;
-    type Decode = ();
-    type Encoder = ExportCodec;
-    type Decoder = ExportCodec;
-
-    fn encoder(&mut self) -> ExportCodec {
-        ExportCodec
-    }
-
-    fn decoder(&mut self) -> ExportCodec {
-        ExportCodec
-    }
-}
-
-impl Encoder for ExportCodec {
-    type Item = Export;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Export, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        let sizes = item.head.sizes(&item.spans);
-        dst.reserve(sizes.total());
-        let room = dst.remaining_mut();
-        item.head.write_request(&item.spans, &sizes, dst);
-        // Every length was written before its message: one miscounted field would frame the
-        // rest of the request wrong.
-        debug_assert_eq!(
-            room - dst.remaining_mut(),
-            sizes.total(),
-            "the request's computed size is the size written"
-        );
-        Ok(())
-    }
-}
-
-impl Decoder for ExportCodec {
-    type Item = ();
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
-        src.advance(src.remaining());
-        Ok(Some(()))
     }
 }
 
@@ -1203,6 +1251,81 @@ mod tests {
         queue.push(record(start));
         assert_eq!(exporter.shutdown(Duration::from_secs(10)).await, 0);
         assert_eq!(collector.sizes(), [4, 4, 1]);
+    }
+
+    /// An export a collector was sent: its `x-tenant` header and its spans.
+    type Seen = (Option<String>, usize);
+
+    /// A collector that refuses every export with `code`, after noting what it was sent.
+    #[derive(Clone)]
+    struct Refusing {
+        code: tonic::Code,
+        seen: Arc<std::sync::Mutex<Vec<Seen>>>,
+    }
+
+    #[tonic::async_trait]
+    impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+        for Refusing
+    {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<
+            tonic::Response<
+                opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+            >,
+            tonic::Status,
+        > {
+            let tenant = request
+                .metadata()
+                .get("x-tenant")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            let spans = request
+                .into_inner()
+                .resource_spans
+                .iter()
+                .flat_map(|resource| &resource.scope_spans)
+                .map(|scope| scope.spans.len())
+                .sum();
+            self.seen.lock().unwrap().push((tenant, spans));
+            Err(tonic::Status::new(self.code, "the collector is full"))
+        }
+    }
+
+    /// A collector's refusal (a gRPC status, sent as a trailers-only answer) fails the
+    /// export: its spans count as lost. The request carried the configured headers and every
+    /// span.
+    #[tokio::test]
+    async fn a_refused_export_counts_its_spans_lost() {
+        use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+        let collector = Refusing {
+            code: tonic::Code::ResourceExhausted,
+            seen: Arc::default(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(collector.clone()))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let export = TraceExport {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            headers: vec![("X-Tenant".to_owned(), "acme".to_owned())],
+            ..export()
+        };
+        let queue = Arc::new(SpanQueue::new(16, 8));
+        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
+        let start = UNIX_EPOCH + Duration::from_secs(1);
+        for _ in 0..3 {
+            queue.push(record(start));
+        }
+        assert_eq!(exporter.shutdown(Duration::from_secs(10)).await, 3);
+        assert_eq!(
+            *collector.seen.lock().unwrap(),
+            [(Some("acme".to_owned()), 3)]
+        );
     }
 
     /// A collector that takes the connection and never answers: stopping does not wait past
