@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::bench::load::{self, ClosedLoop, Transport};
-use crate::bench::process::{self, Gateway};
+use crate::bench::process::{self, CpuUsage, Gateway};
 
 /// The two gateways compared side by side.
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +171,43 @@ fn cpu_per_call<'a>(loops: impl Iterator<Item = &'a ClosedLoop>) -> f64 {
     time.as_secs_f64() * 1e6 / calls as f64
 }
 
+/// CPU per successful call of what `percent` picks out of each window's usage (in percent of
+/// one core), in microseconds, over several windows.
+fn percent_per_call<'a>(
+    loops: impl Iterator<Item = &'a ClosedLoop>,
+    percent: impl Fn(&CpuUsage) -> f64,
+) -> f64 {
+    let (seconds, calls) = loops.fold((0.0, 0_u64), |(seconds, calls), window| {
+        (
+            seconds + percent(&window.cpu) / 100.0 * window.cpu.wall.as_secs_f64(),
+            calls + window.calls,
+        )
+    });
+    if calls == 0 {
+        return 0.0;
+    }
+    seconds * 1e6 / calls as f64
+}
+
+/// The whole machine's CPU per call while one gateway was measured, and the load client's and
+/// other processes' parts of it, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct MachineCost {
+    pub(crate) machine: f64,
+    pub(crate) client: f64,
+    pub(crate) others: f64,
+}
+
+impl MachineCost {
+    fn of<'a>(loops: impl Iterator<Item = &'a ClosedLoop> + Clone) -> MachineCost {
+        MachineCost {
+            machine: percent_per_call(loops.clone(), |cpu| cpu.machine_percent),
+            client: percent_per_call(loops.clone(), |cpu| cpu.client_percent),
+            others: percent_per_call(loops, CpuUsage::others_percent),
+        }
+    }
+}
+
 /// Gateway CPU per successful call by thread (the threads of one name together), in
 /// microseconds, over several windows.
 fn threads_per_call<'a>(loops: impl Iterator<Item = &'a ClosedLoop>) -> BTreeMap<String, f64> {
@@ -256,6 +293,16 @@ impl Overhead {
         )
     }
 
+    /// The machine's CPU per call while the base and while the measured gateway ran: on two
+    /// shared cores the throughput follows it, not the gateway's alone (the load client and,
+    /// for an observed gateway, the trace sink take their share of the same cores).
+    pub(crate) fn machine_per_call(&self) -> (MachineCost, MachineCost) {
+        (
+            MachineCost::of(self.rounds.iter().map(|r| &r.base)),
+            MachineCost::of(self.rounds.iter().map(|r| &r.measured)),
+        )
+    }
+
     /// Calls that failed in any window.
     pub(crate) fn failed(&self) -> u64 {
         self.rounds
@@ -297,8 +344,9 @@ impl Overhead {
         } else {
             format!("; by thread, µs a call: {}", threads.join(", "))
         };
+        let (base_machine, measured_machine) = self.machine_per_call();
         format!(
-            "{}, {} alternating rounds of {:.0} s on two gateways side by side: throughput {:.0} vs {:.0} calls/s, median ratio {:.3} (rounds {}){}; gateway CPU per call {:.0} vs {:.0} µs ({:+.0} µs, {:+.1}%{threads}); {} failed",
+            "{}, {} alternating rounds of {:.0} s on two gateways side by side: throughput {:.0} vs {:.0} calls/s, median ratio {:.3} (rounds {}){}; gateway CPU per call {:.0} vs {:.0} µs ({:+.0} µs, {:+.1}%{threads}); the machine's CPU per call {:.0} vs {:.0} µs, of which the load client {:.1} vs {:.1} and other processes (the trace sink among them) {:.1} vs {:.1}; {} failed",
             self.what,
             self.rounds.len(),
             self.window.as_secs_f64(),
@@ -315,6 +363,12 @@ impl Overhead {
             } else {
                 0.0
             },
+            measured_machine.machine,
+            base_machine.machine,
+            measured_machine.client,
+            base_machine.client,
+            measured_machine.others,
+            base_machine.others,
             self.failed()
         )
     }
@@ -339,11 +393,36 @@ impl Overhead {
             figures["ratio_95_low"] = serde_json::json!(interval.low);
             figures["ratio_95_high"] = serde_json::json!(interval.high);
         }
+        let (base_machine, measured_machine) = self.machine_per_call();
         for (key, value) in [
             (format!("throughput_{base_name}"), base),
             (format!("throughput_{measured_name}"), measured),
             (format!("cpu_per_call_us_{base_name}"), base_cpu),
             (format!("cpu_per_call_us_{measured_name}"), measured_cpu),
+            (
+                format!("machine_cpu_per_call_us_{base_name}"),
+                base_machine.machine,
+            ),
+            (
+                format!("machine_cpu_per_call_us_{measured_name}"),
+                measured_machine.machine,
+            ),
+            (
+                format!("client_cpu_per_call_us_{base_name}"),
+                base_machine.client,
+            ),
+            (
+                format!("client_cpu_per_call_us_{measured_name}"),
+                measured_machine.client,
+            ),
+            (
+                format!("others_cpu_per_call_us_{base_name}"),
+                base_machine.others,
+            ),
+            (
+                format!("others_cpu_per_call_us_{measured_name}"),
+                measured_machine.others,
+            ),
         ] {
             figures[key] = serde_json::json!(value);
         }
@@ -678,6 +757,59 @@ mod tests {
             Some(0.0)
         );
         assert!(json["cpu_per_call_us_by_thread_plain"]["sqlx-sqlite-wor"].is_null());
+    }
+
+    /// A window of `calls` in one second in which the machine, the load client and the
+    /// gateway used these percentages of a core.
+    fn machine_window(calls: u64, machine: f64, client: f64, server: f64) -> ClosedLoop {
+        ClosedLoop {
+            cpu: crate::bench::process::CpuUsage {
+                machine_percent: machine,
+                client_percent: client,
+                server_percent: server,
+                ..window(calls, &[]).cpu
+            },
+            ..window(calls, &[])
+        }
+    }
+
+    #[test]
+    fn the_machines_cpu_per_call_is_split_between_client_and_other_processes() {
+        let overhead = Overhead {
+            rounds: vec![
+                Round {
+                    base: machine_window(10_000, 190.0, 30.0, 150.0),
+                    measured: machine_window(9_000, 195.0, 27.0, 150.0),
+                },
+                Round {
+                    base: machine_window(10_000, 190.0, 30.0, 150.0),
+                    measured: machine_window(11_000, 195.0, 33.0, 150.0),
+                },
+            ],
+            window: Duration::from_secs(1),
+            names: ("plain", "observed"),
+            what: "traces exported and metrics on vs off",
+        };
+        // Worked out by hand: the observed windows used 3.9 s of the machine for 20,000
+        // calls, 0.6 s of it the client's and 0.3 s neither the client's nor the gateway's.
+        let (base, measured) = overhead.machine_per_call();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(base.machine, 190.0) && close(base.client, 30.0) && close(base.others, 10.0));
+        assert!(
+            close(measured.machine, 195.0)
+                && close(measured.client, 30.0)
+                && close(measured.others, 15.0),
+            "{measured:?}"
+        );
+        let summary = overhead.summary();
+        assert!(
+            summary.contains("the machine's CPU per call 195 vs 190 µs, of which the load client 30.0 vs 30.0 and other processes (the trace sink among them) 15.0 vs 10.0"),
+            "{summary}"
+        );
+        assert_eq!(
+            overhead.json()["others_cpu_per_call_us_observed"].as_f64(),
+            Some(15.0)
+        );
     }
 
     #[test]
