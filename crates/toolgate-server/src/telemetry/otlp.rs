@@ -251,11 +251,9 @@ impl Batches {
     /// own (one write less a batch). The answer only reports spans the collector rejected,
     /// which this exporter would not send again anyway: only its status is read.
     async fn export(&mut self, batch: Spans) -> Result<(), tonic::Status> {
+        let head = self.head.message_head(&batch)?;
         let body = ExportBody {
-            chunks: [
-                Some(Bytes::from(self.head.message_head(&batch))),
-                Some(Bytes::from(batch.bytes)),
-            ],
+            chunks: [Some(Bytes::from(head)), Some(Bytes::from(batch.bytes))],
         };
         let mut request = http::Request::new(tonic::body::Body::new(body));
         *request.method_mut() = http::Method::POST;
@@ -370,30 +368,47 @@ impl Head {
     }
 
     /// `ExportTraceServiceRequest { resource_spans: [{ resource, scope_spans: [{ scope,
-    /// spans }] }] }`, as bytes.
+    /// spans }] }] }`, as bytes: the gRPC message an export sends, its prefix checked and
+    /// taken off.
     #[cfg(test)]
     fn request(&self, batch: &Spans) -> Vec<u8> {
-        let sizes = self.sizes(batch);
-        let mut out = Vec::with_capacity(sizes.total());
-        self.write_head(&sizes, &mut out);
-        out.extend_from_slice(&batch.bytes);
+        let mut message = self.message_head(batch).unwrap();
+        message.extend_from_slice(&batch.bytes);
+        assert_eq!(message[0], 0, "not compressed");
+        let length = u32::from_be_bytes(message[1..5].try_into().unwrap());
         assert_eq!(
-            out.len(),
-            sizes.total(),
+            usize::try_from(length).unwrap(),
+            message.len() - 5,
             "the sizes computed are the sizes written"
         );
-        out
+        message.split_off(5)
     }
 
     /// What comes before the batch's spans in the request's gRPC message: the message's
-    /// prefix (not compressed, its length) and the request's fields up to its spans.
-    fn message_head(&self, batch: &Spans) -> Vec<u8> {
+    /// prefix (not compressed, its length) and the request's fields up to its spans. A
+    /// request past the prefix's 4 GiB is refused rather than framed wrong.
+    fn message_head(&self, batch: &Spans) -> Result<Vec<u8>, tonic::Status> {
         let sizes = self.sizes(batch);
-        let mut out = Vec::with_capacity(sizes.total() - batch.bytes.len() + 5);
+        let total = u32::try_from(sizes.total()).map_err(|_| {
+            tonic::Status::resource_exhausted(format!(
+                "a batch of {} spans makes a request of {} bytes, past gRPC's 4 GiB",
+                batch.len(),
+                sizes.total()
+            ))
+        })?;
+        let head = sizes.total() - batch.bytes.len();
+        let mut out = Vec::with_capacity(5 + head);
         out.put_u8(0);
-        out.put_u32(u32::try_from(sizes.total()).unwrap_or(u32::MAX));
+        out.put_u32(total);
         self.write_head(&sizes, &mut out);
-        out
+        // Every length was written before its message: one miscounted field would frame the
+        // rest of the request wrong.
+        debug_assert_eq!(
+            out.len(),
+            5 + head,
+            "the head's computed size is the size written"
+        );
+        Ok(out)
     }
 
     /// Every length of the request, computed first, so each byte is written once, in place
