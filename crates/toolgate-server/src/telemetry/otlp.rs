@@ -1143,13 +1143,17 @@ mod tests {
 
     /// An exporter to a collector on loopback `port`, with three spans queued.
     fn three_spans_for(port: u16, timeout: Duration) -> (Exporter, Arc<SpanQueue>) {
-        let export = TraceExport {
+        three_spans_to(&TraceExport {
             endpoint: format!("http://127.0.0.1:{port}"),
             timeout,
             ..export()
-        };
+        })
+    }
+
+    /// An exporter as `export` says, with three spans queued.
+    fn three_spans_to(export: &TraceExport) -> (Exporter, Arc<SpanQueue>) {
         let queue = Arc::new(SpanQueue::new(16, 8));
-        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
+        let exporter = Exporter::start(export, Arc::clone(&queue)).unwrap();
         let start = UNIX_EPOCH + Duration::from_secs(1);
         for _ in 0..3 {
             queue.push(record(start));
@@ -1171,9 +1175,16 @@ mod tests {
         assert!(queue.take(usize::MAX).is_empty());
     }
 
-    /// A collector on loopback that keeps the number of spans of each request it is sent.
+    /// An export a collector was sent: its `x-tenant` header and its spans.
+    type Seen = (Option<String>, usize);
+
+    /// A collector on loopback that keeps what each request it is sent carried, and answers
+    /// with `refuse` when set.
     #[derive(Clone, Default)]
-    struct Requests(Arc<std::sync::Mutex<Vec<usize>>>);
+    struct Requests {
+        seen: Arc<std::sync::Mutex<Vec<Seen>>>,
+        refuse: Option<tonic::Code>,
+    }
 
     #[tonic::async_trait]
     impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
@@ -1188,6 +1199,11 @@ mod tests {
             >,
             tonic::Status,
         > {
+            let tenant = request
+                .metadata()
+                .get("x-tenant")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
             let spans = request
                 .into_inner()
                 .resource_spans
@@ -1195,8 +1211,11 @@ mod tests {
                 .flat_map(|resource| &resource.scope_spans)
                 .map(|scope| scope.spans.len())
                 .sum();
-            self.0.lock().unwrap().push(spans);
-            Ok(tonic::Response::new(Default::default()))
+            self.seen.lock().unwrap().push((tenant, spans));
+            match self.refuse {
+                Some(code) => Err(tonic::Status::new(code, "the collector is full")),
+                None => Ok(tonic::Response::new(Default::default())),
+            }
         }
     }
 
@@ -1216,7 +1235,12 @@ mod tests {
         }
 
         fn sizes(&self) -> Vec<usize> {
-            self.0.lock().unwrap().clone()
+            self.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, spans)| *spans)
+                .collect()
         }
     }
 
@@ -1268,74 +1292,21 @@ mod tests {
         assert_eq!(collector.sizes(), [4, 4, 1]);
     }
 
-    /// An export a collector was sent: its `x-tenant` header and its spans.
-    type Seen = (Option<String>, usize);
-
-    /// A collector that refuses every export with `code`, after noting what it was sent.
-    #[derive(Clone)]
-    struct Refusing {
-        code: tonic::Code,
-        seen: Arc<std::sync::Mutex<Vec<Seen>>>,
-    }
-
-    #[tonic::async_trait]
-    impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
-        for Refusing
-    {
-        async fn export(
-            &self,
-            request: tonic::Request<ExportTraceServiceRequest>,
-        ) -> Result<
-            tonic::Response<
-                opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
-            >,
-            tonic::Status,
-        > {
-            let tenant = request
-                .metadata()
-                .get("x-tenant")
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned);
-            let spans = request
-                .into_inner()
-                .resource_spans
-                .iter()
-                .flat_map(|resource| &resource.scope_spans)
-                .map(|scope| scope.spans.len())
-                .sum();
-            self.seen.lock().unwrap().push((tenant, spans));
-            Err(tonic::Status::new(self.code, "the collector is full"))
-        }
-    }
-
     /// A collector's refusal (a gRPC status, sent as a trailers-only answer) fails the
     /// export: its spans count as lost. The request carried the configured headers and every
     /// span.
     #[tokio::test]
     async fn a_refused_export_counts_its_spans_lost() {
-        use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
-        let collector = Refusing {
-            code: tonic::Code::ResourceExhausted,
-            seen: Arc::default(),
+        let collector = Requests {
+            refuse: Some(tonic::Code::ResourceExhausted),
+            ..Requests::default()
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(collector.clone()))
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
-        let export = TraceExport {
+        let port = collector.serve().await;
+        let (exporter, _queue) = three_spans_to(&TraceExport {
             endpoint: format!("http://127.0.0.1:{port}"),
             headers: vec![("X-Tenant".to_owned(), "acme".to_owned())],
             ..export()
-        };
-        let queue = Arc::new(SpanQueue::new(16, 8));
-        let exporter = Exporter::start(&export, Arc::clone(&queue)).unwrap();
-        let start = UNIX_EPOCH + Duration::from_secs(1);
-        for _ in 0..3 {
-            queue.push(record(start));
-        }
+        });
         assert_eq!(exporter.shutdown(Duration::from_secs(10)).await, 3);
         assert_eq!(
             *collector.seen.lock().unwrap(),
