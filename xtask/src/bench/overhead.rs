@@ -677,7 +677,7 @@ mod tests {
             failed: 0,
             first_failure: None,
             elapsed: Duration::from_secs(1),
-            cpu: crate::bench::process::CpuUsage {
+            cpu: CpuUsage {
                 server_threads: threads
                     .iter()
                     .map(|(name, percent)| ((*name).to_owned(), *percent))
@@ -763,7 +763,7 @@ mod tests {
     /// gateway used these percentages of a core.
     fn machine_window(calls: u64, machine: f64, client: f64, server: f64) -> ClosedLoop {
         ClosedLoop {
-            cpu: crate::bench::process::CpuUsage {
+            cpu: CpuUsage {
                 machine_percent: machine,
                 client_percent: client,
                 server_percent: server,
