@@ -3,7 +3,8 @@
 //!
 //! - the floor: a bare tonic echo server speaking the same proto (`ExecuteTool` answers a fixed
 //!   result at once), in its own process;
-//! - the gateway: `target/release/toolgate` (a `testkit` build) in a temporary directory with a
+//! - the gateway: `target/production/toolgate` (a `testkit` build in the `production` profile,
+//!   as deployed: see [`PROFILE`]) in a temporary directory with a
 //!   fresh SQLite ledger, calling `testkit.noop` with `{}` through the whole pipeline;
 //! - the same gateway, ledger and run called over MCP: `tools/call` of `testkit__noop` at
 //!   `/mcp` as a stateless (2026-07-28) MCP client sends it, over HTTP/1.1 keep-alive with one
@@ -40,12 +41,13 @@
 //! with PASS/MISS against the budget and written to `target/bench/results.json`. A missed target
 //! never fails the command; a broken setup or a failed call does.
 //!
-//! The command first builds the gateway (`cargo build --release -p toolgate
+//! The command first builds the gateway (`cargo build --profile production -p toolgate
 //! --no-default-features --features testkit,slack,shopify`: no AWS connector, see
 //! [`GATEWAY_BUILD`])
-//! and then this crate in release, and re-executes the release `xtask` binary to measure: the
+//! and then this crate in the same profile, and re-executes that `xtask` binary to measure: the
 //! load client must not be the bottleneck, and a debug client would be. The echo server runs
-//! as `xtask bench --echo-server` from that same release binary. Alongside each figure the
+//! as `xtask bench --echo-server` from that same binary, so the floor is built as the gateway
+//! is. Alongside each figure the
 //! table shows the CPU used (from `/proc`) by the server, by the load client and by other
 //! processes, and the gateway's CPU per thread, so a saturated client or a busy machine shows.
 //!
@@ -69,7 +71,7 @@
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
 //! - `--compare BINARY`: only a change's effect: this tree's gateway against `BINARY`, a
-//!   gateway built from another commit (copy `target/release/toolgate` aside before the
+//!   gateway built from another commit (copy `target/production/toolgate` aside before the
 //!   change), both plain, in the same alternating windows, then (unless `--no-instructions`)
 //!   each one's instructions per call under callgrind. Throughput and CPU of separate runs
 //!   minutes apart differ by tens of percent on a shared machine; side by side they do not.
@@ -123,13 +125,19 @@ use crate::bench::overhead::Pair;
 use crate::bench::process::{Gateway, StartupSample};
 use crate::bench::report::{LedgerPhases, Report, TargetFigures, per_call};
 
-/// Builds the gateway measured: release, with the `testkit` connectors, and without the AWS
-/// connector, which the benchmark never calls: the AWS SDK alone takes about 40 minutes to
-/// build in release on a 2-core machine and changes nothing on the measured path (the
-/// `testkit.noop` call). Slack and Shopify stay, as in the default build.
+/// The Cargo profile the benchmark builds and measures: the one the gateway is deployed with
+/// (release with link-time optimization, see the workspace's `Cargo.toml`). Its binaries are
+/// in `target/production/`.
+pub(crate) const PROFILE: &str = "production";
+
+/// Builds the gateway measured: the [`PROFILE`], with the `testkit` connectors, and without
+/// the AWS connector, which the benchmark never calls: the AWS SDK alone takes about 40
+/// minutes to build in release on a 2-core machine and changes nothing on the measured path
+/// (the `testkit.noop` call). Slack and Shopify stay, as in the default build.
 const GATEWAY_BUILD: &[&str] = &[
     "build",
-    "--release",
+    "--profile",
+    PROFILE,
     "-p",
     "toolgate",
     "--no-default-features",
@@ -150,14 +158,14 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let target_dir = target_dir(&root);
     if options.redaction_only {
         if cfg!(debug_assertions) {
-            return reexec_release(&root, &target_dir, args);
+            return reexec_built(&root, &target_dir, args);
         }
         return measure_redaction_only(&options);
     }
     if !options.no_build {
         cargo(&root, GATEWAY_BUILD)?;
         if cfg!(debug_assertions) {
-            return reexec_release(&root, &target_dir, args);
+            return reexec_built(&root, &target_dir, args);
         }
     }
     measure(&options, &target_dir)
@@ -333,12 +341,12 @@ fn measure_redaction_only(options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Measures both targets and reports. Runs in the release binary.
+/// Measures both targets and reports. Runs in the binary built in the [`PROFILE`].
 fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
-    let gateway_binary = target_dir.join("release").join("toolgate");
+    let gateway_binary = target_dir.join(PROFILE).join("toolgate");
     if !gateway_binary.exists() {
         bail!(
-            "{} does not exist; build it with `cargo build --release -p toolgate --no-default-features --features testkit,slack,shopify`",
+            "{} does not exist; build it with `cargo build --profile production -p toolgate --no-default-features --features testkit,slack,shopify`",
             gateway_binary.display()
         );
     }
@@ -352,7 +360,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         .build()
         .context("cannot start the load client's runtime")?;
     println!(
-        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; the gateways' calls on {} run(s); client: release build, {} runtime thread(s)",
+        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; the gateways' calls on {} run(s); client: production build, {} runtime thread(s)",
         options.concurrency,
         options.connections,
         options.rate,
@@ -1001,10 +1009,10 @@ async fn sweep_concurrency(
     Ok(results)
 }
 
-/// Builds this crate in release and runs the benchmark there, passing the options on.
-fn reexec_release(root: &Path, target_dir: &Path, args: &[String]) -> anyhow::Result<()> {
-    cargo(root, &["build", "--release", "-p", "xtask"])?;
-    let binary = target_dir.join("release").join("xtask");
+/// Builds this crate in the [`PROFILE`] and runs the benchmark there, passing the options on.
+fn reexec_built(root: &Path, target_dir: &Path, args: &[String]) -> anyhow::Result<()> {
+    cargo(root, &["build", "--profile", PROFILE, "-p", "xtask"])?;
+    let binary = target_dir.join(PROFILE).join("xtask");
     let status = Command::new(&binary)
         .arg("bench")
         .arg("--no-build")
@@ -1013,7 +1021,7 @@ fn reexec_release(root: &Path, target_dir: &Path, args: &[String]) -> anyhow::Re
         .status()
         .with_context(|| format!("cannot run {}", binary.display()))?;
     if !status.success() {
-        bail!("the release benchmark process failed ({status})");
+        bail!("the benchmark process failed ({status})");
     }
     Ok(())
 }

@@ -749,7 +749,7 @@ impl Report {
                 "connections": o.connections,
                 "rate_per_s": o.rate,
                 "client_threads": o.client_threads,
-                "client_build": "release",
+                "client_build": crate::bench::PROFILE,
                 "quick": o.quick,
                 "metrics": o.metrics,
                 "runs": o.runs,
