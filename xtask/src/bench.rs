@@ -346,8 +346,9 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
     let gateway_binary = target_dir.join(PROFILE).join("toolgate");
     if !gateway_binary.exists() {
         bail!(
-            "{} does not exist; build it with `cargo build --profile production -p toolgate --no-default-features --features testkit,slack,shopify`",
-            gateway_binary.display()
+            "{} does not exist; build it with `cargo {}`",
+            gateway_binary.display(),
+            GATEWAY_BUILD.join(" ")
         );
     }
     if let Some(other) = options.compare.as_ref().filter(|other| !other.is_file()) {
@@ -360,7 +361,7 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
         .build()
         .context("cannot start the load client's runtime")?;
     println!(
-        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; the gateways' calls on {} run(s); client: production build, {} runtime thread(s)",
+        "bench: closed loop {} in flight over {} connections, open loop {} calls/s; {} s measured per phase; the gateways' calls on {} run(s); client: {PROFILE} build, {} runtime thread(s)",
         options.concurrency,
         options.connections,
         options.rate,
