@@ -130,6 +130,21 @@ impl Check {
         })
     }
 
+    /// The value as the table prints it: two decimals, or as many more (up to four) as it takes
+    /// for a value that misses its limit not to print as the limit itself (a ratio of 0.9497
+    /// against 0.95 is `0.9497`, not `0.95` beside a MISS).
+    fn shown(&self) -> String {
+        let mut decimals = 2;
+        while decimals < 4 && self.value != self.limit {
+            let rounded = format!("{:.*}", decimals, self.value);
+            if rounded != format!("{:.*}", decimals, self.limit) {
+                break;
+            }
+            decimals += 1;
+        }
+        format!("{:.*}", decimals, self.value)
+    }
+
     /// What the table says after the target: the machine's bound, when one was measured, and a
     /// ratio's confidence interval, when it has one.
     fn bound_note(&self) -> String {
@@ -725,10 +740,10 @@ impl Report {
         for check in self.checks() {
             let _ = writeln!(
                 out,
-                "  {}  {:<38} {:>10.2} {:<8} (target {} {}{})",
+                "  {}  {:<38} {:>10} {:<8} (target {} {}{})",
                 if check.pass() { "PASS" } else { "MISS" },
                 check.name,
-                check.value,
+                check.shown(),
                 check.unit,
                 if check.at_least { ">=" } else { "<=" },
                 check.limit,
@@ -1109,6 +1124,28 @@ mod tests {
         assert!(!within.out_of_reach());
         assert_eq!(within.bound_note(), "; this machine's ceiling 200.00");
         assert!(!check(100.0, None, true).out_of_reach());
+    }
+
+    #[test]
+    fn a_value_by_its_limit_shows_the_digits_that_decide_it() {
+        let check = |value: f64| Check {
+            name: "ratio",
+            value,
+            unit: "",
+            limit: 0.95,
+            at_least: true,
+            bound: None,
+            interval: None,
+        };
+        assert_eq!(check(0.972).shown(), "0.97");
+        assert_eq!(check(0.9497).shown(), "0.9497");
+        assert!(!check(0.9497).pass());
+        assert_eq!(check(0.9512).shown(), "0.951");
+        assert!(check(0.9512).pass());
+        assert_eq!(check(0.95).shown(), "0.95");
+        // Past four decimals it stops: a verdict that close is the rounds' noise anyway.
+        assert_eq!(check(0.949_999).shown(), "0.9500");
+        assert_eq!(check(14062.47).shown(), "14062.47");
     }
 
     #[test]
