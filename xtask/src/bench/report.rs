@@ -131,8 +131,9 @@ impl Check {
     }
 
     /// The value as the table prints it: two decimals, or as many more (up to four) as it takes
-    /// for a value that misses its limit not to print as the limit itself (a ratio of 0.9497
-    /// against 0.95 is `0.9497`, not `0.95` beside a MISS).
+    /// for a value other than its limit not to print as the limit itself, so the digits that
+    /// decide the verdict show (a ratio of 0.9497 against 0.95 is `0.9497`, not `0.95` beside
+    /// a MISS; 0.9512 is `0.951`).
     fn shown(&self) -> String {
         let mut decimals = 2;
         while decimals < 4 && self.value != self.limit {
