@@ -77,10 +77,14 @@
 //!   minutes apart differ by tens of percent on a shared machine; side by side they do not.
 //! - `--observed`: with `--compare`, both gateways export their traces (to the sink) and serve
 //!   metrics: what a change does to an observed gateway, such as one to the span recorder.
+//! - `--mcp`: with `--compare`, the windows call both gateways over MCP (`bench/mcp.rs`)
+//!   instead of gRPC: what a change does to the MCP endpoint.
 //! - `--postgres-only`: only the gateway on PostgreSQL, with what the server wrote for it.
 //! - `--light-only`: only the light load: the disk's floor, then the echo server and the
 //!   SQLite gateway at the fixed rate (open loops only), with CPU and switches per call, and
 //!   the pages the gateway's last commits wrote, by table and index.
+//! - `--mcp-only`: only the SQLite gateway over MCP, after the same gateway over gRPC (closed
+//!   and open loops each), to see what the MCP transport costs against gRPC in one run.
 //! - `--rates-only`: only the SQLite gateway's open loop at each offered rate (the sweep from
 //!   light load to overload), printed and drawn as the chart.
 //! - `--rates N,N,...`: the offered rates of the sweep (default 500 to 20,000 calls/s).
@@ -195,9 +199,11 @@ struct Options {
     compare: Option<PathBuf>,
     /// `--observed`: with `--compare`, both gateways export traces and serve metrics.
     observed: bool,
+    mcp: bool,
     postgres_only: bool,
     light_only: bool,
     rates_only: bool,
+    mcp_only: bool,
     /// The offered rates of the rate sweep (default [`RATES`]).
     rates: Vec<u32>,
     instructions: Count,
@@ -235,9 +241,11 @@ impl Options {
             overhead_only: false,
             compare: None,
             observed: false,
+            mcp: false,
             postgres_only: false,
             light_only: false,
             rates_only: false,
+            mcp_only: false,
             rates: RATES.to_vec(),
             instructions: Count::WhenInstalled,
             metrics: false,
@@ -277,6 +285,7 @@ impl Options {
                 "--postgres-only" => options.postgres_only = true,
                 "--light-only" => options.light_only = true,
                 "--rates-only" => options.rates_only = true,
+                "--mcp-only" => options.mcp_only = true,
                 "--rates" => {
                     options.rates = rate_list(name, &value("calls per second, comma-separated")?)?
                 }
@@ -285,6 +294,7 @@ impl Options {
                 "--metrics" => options.metrics = true,
                 "--runs" => options.runs = positive(name, &value("a number of runs")?)?,
                 "--observed" => options.observed = true,
+                "--mcp" => options.mcp = true,
                 _ => bail!("unknown option `{arg}`\n{USAGE}"),
             }
         }
@@ -303,11 +313,14 @@ impl Options {
         if options.observed && options.compare.is_none() {
             bail!("--observed compares two builds: it needs --compare BINARY\n{USAGE}");
         }
+        if options.mcp && options.compare.is_none() {
+            bail!("--mcp compares two builds over MCP: it needs --compare BINARY\n{USAGE}");
+        }
         Ok(options)
     }
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics] [--observed] [--runs N]";
+const USAGE: &str = "usage: cargo xtask bench [--duration SECS] [--concurrency N] [--connections N] [--rate N] [--client-threads N] [--starts N] [--sweep] [--quick] [--rounds N] [--redaction-only] [--overhead-only] [--compare BINARY] [--postgres-only] [--light-only] [--mcp-only] [--rates-only] [--rates N,N,...] [--instructions | --no-instructions] [--metrics] [--observed] [--mcp] [--runs N]";
 
 /// `--rates`: offered rates, comma-separated, each above 0.
 fn rate_list(name: &str, text: &str) -> anyhow::Result<Vec<u32>> {
@@ -418,6 +431,10 @@ fn measure(options: &Options, target_dir: &Path) -> anyhow::Result<()> {
 
     if options.rates_only {
         return runtime.block_on(measure_rates_only(options, &gateway_binary, target_dir));
+    }
+
+    if options.mcp_only {
+        return runtime.block_on(measure_mcp_only(options, &gateway_binary));
     }
 
     println!("\n==> redaction of a typical call (in-process)");
@@ -613,6 +630,26 @@ async fn measure_light_only(
     Ok(())
 }
 
+/// `--mcp-only`: the SQLite gateway called over gRPC, then the same gateway, ledger and run
+/// called over MCP, closed and open loops each.
+async fn measure_mcp_only(options: &Options, gateway_binary: &Path) -> anyhow::Result<()> {
+    let gateway = Gateway::start(gateway_binary, None, options.metrics, &[])?;
+    let target = gateway.prepare(options.runs).await?;
+    println!("\n==> gateway over gRPC");
+    let (grpc_closed, _, _) = measure_target(options, &target, gateway.pid(), None, None).await?;
+    println!("\n==> the same gateway over MCP (pid {})", gateway.pid());
+    let mcp = Transport::Mcp(Arc::new(McpClient::new(&target)?));
+    let (mcp_closed, _, _) =
+        measure_transport(options, &mcp, "mcp-", gateway.pid(), None, None).await?;
+    println!(
+        "\nMCP {:.0} calls/s against gRPC {:.0} ({:.3})",
+        mcp_closed.throughput(),
+        grpc_closed.throughput(),
+        mcp_closed.throughput() / grpc_closed.throughput()
+    );
+    Ok(())
+}
+
 /// `--rates-only`: the SQLite gateway's open loop at each offered rate, and the chart.
 async fn measure_rates_only(
     options: &Options,
@@ -730,6 +767,7 @@ async fn measure_overhead(
             concurrency: options.concurrency,
             connections: options.connections,
             runs: options.runs,
+            mcp: options.mcp,
         },
     )
     .await
@@ -761,6 +799,10 @@ async fn measure_instructions(
             return Ok(None);
         }
         Count::WhenInstalled | Count::Always => {}
+    }
+    if options.mcp {
+        println!("\n==> instructions per call: not counted over MCP (the count calls over gRPC)");
+        return Ok(None);
     }
     let calls = if options.quick { 500 } else { 6_000 };
     let (base, measured) = pair.names();
@@ -1104,6 +1146,8 @@ mod tests {
         assert_eq!(options.compare.as_deref(), Some(Path::new("/tmp/other")));
         assert!(!parse(&["--compare", "/tmp/other"]).unwrap().observed);
         refused(&["--observed"], "--observed compares two builds");
+        assert!(parse(&["--compare", "/tmp/other", "--mcp"]).unwrap().mcp);
+        refused(&["--mcp"], "--mcp compares two builds over MCP");
     }
 
     #[test]

@@ -12,9 +12,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bench::load::{self, ClosedLoop, Transport};
+use crate::bench::mcp::McpClient;
 use crate::bench::process::{self, CpuUsage, Gateway};
 
 /// The two gateways compared side by side.
@@ -470,9 +472,12 @@ fn start_pair(
     })
 }
 
-/// Gives `gateway` its tenant and runs and connects to it.
+/// Gives `gateway` its tenant and runs and connects to it (over MCP, the MCP client).
 async fn transport_of(gateway: &Gateway, shape: Shape) -> anyhow::Result<Transport> {
     let target = gateway.prepare(shape.runs).await?;
+    if shape.mcp {
+        return Ok(Transport::Mcp(Arc::new(McpClient::new(&target)?)));
+    }
     let channels = load::connect(&target.url, shape.connections).await?;
     Ok(Transport::Grpc(target, channels))
 }
@@ -491,12 +496,14 @@ fn halves(rounds: usize) -> [(Lead, usize); 2] {
     [(Lead::Base, first), (Lead::Measured, rounds - first)]
 }
 
-/// How the load is shaped: calls in flight, connections per gateway and runs they spread over.
+/// How the load is shaped: calls in flight, connections per gateway (gRPC's; MCP holds one per
+/// call in flight), runs they spread over, and whether the calls go over MCP.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {
     pub(crate) concurrency: usize,
     pub(crate) connections: usize,
     pub(crate) runs: usize,
+    pub(crate) mcp: bool,
 }
 
 /// Runs `rounds` rounds of `window` each (after `warmup` per window) with the load `shape` on
