@@ -46,10 +46,13 @@ impl Engine {
         call: &mut ToolCallRecord,
     ) -> Result<Recorded, EngineError> {
         let mut attempt = new_call;
+        // Every caller writes `call` as the new call's row, and `adopt` keeps the two alike.
+        debug_assert_eq!(attempt.call, *call, "the new call's row is `call`");
         let mut observed_evaluation = None;
         for _ in 0..MAX_REEVALUATIONS {
-            // A copy to evaluate again with, kept only when a repeat is possible at all.
-            let spare = call.tool_use_id.is_some().then(|| attempt.clone());
+            // What to evaluate again with, kept only when a repeat is possible at all: all but
+            // the row, which `call` holds (one copy of it fewer on every call).
+            let spare = call.tool_use_id.is_some().then(|| Spare::of(&attempt));
             let operation = attempt.call.status.as_str();
             let recorded = match observed_evaluation {
                 None => {
@@ -78,7 +81,10 @@ impl Engine {
             if let Err(conflict) = same_call(call, &existing) {
                 return Ok(Some(Err(conflict)));
             }
-            let Some(mut again) = spare.filter(|_| refused_before_execution(&existing)) else {
+            let Some(mut again) = spare
+                .filter(|_| refused_before_execution(&existing))
+                .map(|spare| spare.with_row(call))
+            else {
                 // A replay: boxed, so its state does not enlarge every call's future.
                 return Ok(Some(Box::pin(self.answer_of(existing, true)).await));
             };
@@ -286,6 +292,37 @@ pub(super) fn refused_before_execution(call: &ToolCallRecord) -> bool {
             call.attempts == 0
         }
         _ => false,
+    }
+}
+
+/// A new call but for its row, kept to evaluate the call again should the store find its
+/// `tool_use_id` taken.
+struct Spare {
+    count_against_budget: bool,
+    decision: Option<toolgate_ledger::PolicyDecisionRecord>,
+    pending: Option<toolgate_ledger::PendingInvocation>,
+    events: Vec<toolgate_ledger::NewAuditEvent>,
+}
+
+impl Spare {
+    fn of(new_call: &NewCall) -> Spare {
+        Spare {
+            count_against_budget: new_call.count_against_budget,
+            decision: new_call.decision.clone(),
+            pending: new_call.pending.clone(),
+            events: new_call.events.clone(),
+        }
+    }
+
+    /// The new call again, with `row` as its row.
+    fn with_row(self, row: &ToolCallRecord) -> NewCall {
+        NewCall {
+            call: row.clone(),
+            count_against_budget: self.count_against_budget,
+            decision: self.decision,
+            pending: self.pending,
+            events: self.events,
+        }
     }
 }
 
