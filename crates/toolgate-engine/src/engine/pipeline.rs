@@ -115,9 +115,10 @@ impl Engine {
     pub async fn execute(&self, request: ExecuteRequest) -> Result<ExecuteOutcome, EngineError> {
         let started = std::time::Instant::now();
         let span = trace::call_span(request.tenant.as_str());
-        // The pipeline's future is large (every step's state); boxed, it is built once in place
-        // and never copied again as the futures around it (the span, the gRPC handler, the
-        // server's task) are created and moved.
+        // The pipeline's future is large (every step's state); boxed, it is copied once, into
+        // its box (about 700 instructions a call under callgrind), and never again as the
+        // futures around it (the span, the gRPC handler, the server's task) are created and
+        // moved.
         let answer = trace::in_span(&span, Box::pin(self.steps(&request, &span))).await;
         trace::record_outcome(&span, &answer);
         let report = match &answer {
