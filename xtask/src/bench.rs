@@ -754,8 +754,9 @@ async fn measure_overhead(
     let rounds = options.rounds.unwrap_or(rounds);
     let (base, measured) = pair.names();
     println!(
-        "\n==> {measured} against {base}: two gateways side by side, {rounds} alternating rounds of {} s",
-        window.as_secs()
+        "\n==> {measured} against {base}: two gateways side by side, {rounds} alternating rounds of {} s{}",
+        window.as_secs(),
+        if options.mcp { ", called over MCP" } else { "" }
     );
     overhead::measure(
         own_binary,
