@@ -199,6 +199,7 @@ struct Options {
     compare: Option<PathBuf>,
     /// `--observed`: with `--compare`, both gateways export traces and serve metrics.
     observed: bool,
+    /// `--mcp`: with `--compare`, both gateways are called over MCP.
     mcp: bool,
     postgres_only: bool,
     light_only: bool,
