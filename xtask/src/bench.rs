@@ -65,9 +65,9 @@
 //!   (8 to 256), to pick `--concurrency`.
 //! - `--quick`: a short smoke run (2 s phases, 3 starts).
 //! - `--rounds N`: alternating rounds of the side-by-side comparisons (observing's cost,
-//!   `--compare`; default 6, quick 3). The rounds of a shared machine scatter by about ±9%, so
-//!   the summary gives the ratio's 95% confidence interval too; 24 rounds narrow it to about
-//!   ±3.5%.
+//!   `--compare`; default 16, quick 3). The rounds of a shared machine scatter by about ±9%, so
+//!   the summary gives the ratio's 95% confidence interval too: 6 rounds leave it about ±7%
+//!   wide, more than the 5% observing may cost, 16 about ±4.3% and 24 about ±3.5%.
 //! - `--redaction-only`: only the redactor's figure (no gateway is built or started).
 //! - `--overhead-only`: only what observing costs (the alternating plain/observed windows).
 //! - `--compare BINARY`: only a change's effect: this tree's gateway against `BINARY`, a
@@ -188,7 +188,7 @@ struct Options {
     starts: usize,
     sweep: bool,
     quick: bool,
-    /// Alternating rounds of the side-by-side comparisons (`--rounds`); `None`: 6, quick 3.
+    /// Alternating rounds of the side-by-side comparisons (`--rounds`); `None`: 16, quick 3.
     rounds: Option<usize>,
     no_build: bool,
     echo_server: bool,
@@ -739,7 +739,7 @@ async fn measure_observed(
     })
 }
 
-/// Two gateways side by side in alternating windows (quick: 3 rounds of 1 s; else 6 rounds
+/// Two gateways side by side in alternating windows (quick: 3 rounds of 1 s; else 16 rounds
 /// of 3 s, or `--rounds`, each window after its own warm-up): what observing costs, or a
 /// change's effect.
 async fn measure_overhead(
@@ -750,7 +750,7 @@ async fn measure_overhead(
     let (rounds, window, warmup) = if options.quick {
         (3, Duration::from_secs(1), Duration::from_millis(500))
     } else {
-        (6, Duration::from_secs(3), Duration::from_secs(1))
+        (16, Duration::from_secs(3), Duration::from_secs(1))
     };
     let rounds = options.rounds.unwrap_or(rounds);
     let (base, measured) = pair.names();

@@ -490,7 +490,7 @@ async fn transport_of(gateway: &Gateway, shape: Shape) -> anyhow::Result<Transpo
 /// the one going second, and 0.923 (0.891-0.955) with every order swapped. Alternating which
 /// window comes first in each round does not cancel it; swapping the lead between two halves
 /// does, whatever causes it. An odd count gives the second half the extra round, so only an
-/// even one balances the halves exactly (the default 6 does; `--quick`'s 3 does not).
+/// even one balances the halves exactly (the default 16 does; `--quick`'s 3 does not).
 fn halves(rounds: usize) -> [(Lead, usize); 2] {
     let first = rounds / 2;
     [(Lead::Base, first), (Lead::Measured, rounds - first)]
