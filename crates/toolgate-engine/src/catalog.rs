@@ -13,7 +13,9 @@ use crate::error::EngineError;
 /// The registry with every tool's schema compiled.
 pub struct Catalog {
     registry: ToolRegistry,
-    validators: HashMap<ToolName, jsonschema::Validator>,
+    /// Built once from this build's tools, never from a request: foldhash, not SipHash, serves
+    /// the lookup every call makes (a request's tool name is only looked up, never added).
+    validators: HashMap<ToolName, jsonschema::Validator, foldhash::fast::RandomState>,
     policy_schema: PolicySchema,
     default_policy: String,
 }
@@ -22,7 +24,7 @@ impl Catalog {
     /// Compiles every registered tool's input schema and the Cedar schema. A schema that does
     /// not compile is a start-up error naming the tool.
     pub fn new(registry: ToolRegistry) -> Result<Catalog, EngineError> {
-        let mut validators = HashMap::with_capacity(registry.len());
+        let mut validators = HashMap::with_capacity_and_hasher(registry.len(), Default::default());
         for spec in registry.specs() {
             let validator = jsonschema::validator_for(&spec.input_schema).map_err(|err| {
                 EngineError::FailedPrecondition(format!(

@@ -39,7 +39,7 @@ use crate::model::RecordOutcome;
 use crate::ops::{Command, Counters, OpKind, PreparedEvent, Reply, WriteOp};
 use crate::rows::{Fail, SqlFailure, database_error};
 use crate::sql::{Dialect, query};
-use crate::steps::{Conn, Head, SqlConn, Steps, bind_call_row, call_row_columns};
+use crate::steps::{Conn, Head, Heads, SqlConn, Steps, bind_call_row, call_row_columns};
 
 /// The most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -58,7 +58,7 @@ pub(super) struct Writer {
     config_channel: String,
     /// The chain heads as this writer last saw them committed. Only a hint: another replica
     /// may have moved a head since, which the fast path detects (and then this is reloaded).
-    heads: HashMap<String, Head>,
+    heads: Heads,
     /// The text of each variant of the one-statement batch, built once.
     statements: HashMap<Parts, SqlStr>,
     /// The keys events are MAC'd with; `None` writes legacy (unkeyed) hashes.
@@ -113,7 +113,7 @@ impl Writer {
             instance,
             channel,
             config_channel,
-            heads: HashMap::new(),
+            heads: Heads::default(),
             statements: HashMap::new(),
             keys,
         }
@@ -230,10 +230,7 @@ impl Writer {
     }
 
     /// The cached heads of `tenants`, loading the ones not cached (without locking them).
-    async fn cached_heads(
-        &mut self,
-        tenants: &[String],
-    ) -> Result<HashMap<String, Head>, BatchError> {
+    async fn cached_heads(&mut self, tenants: &[String]) -> Result<Heads, BatchError> {
         let missing: Vec<String> = tenants
             .iter()
             .filter(|tenant| !self.heads.contains_key(*tenant))
@@ -275,7 +272,7 @@ impl Writer {
     }
 
     /// Opens the transaction and locks the heads of `tenants` (sorted).
-    async fn begin(&mut self, tenants: &[String]) -> Result<HashMap<String, Head>, BatchError> {
+    async fn begin(&mut self, tenants: &[String]) -> Result<Heads, BatchError> {
         let conn = self.connection().await?;
         if let Err(error) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
             return Err(self.lost(&error, "BEGIN"));
@@ -296,7 +293,7 @@ impl Writer {
                 return Err(failure);
             }
         };
-        let mut heads = HashMap::with_capacity(rows.len());
+        let mut heads = Heads::with_capacity_and_hasher(rows.len(), Default::default());
         for row in rows {
             let tenant: String = row.try_get("tenant").map_err(decode)?;
             let chain_seq: i64 = row.try_get("chain_seq").map_err(decode)?;
@@ -356,8 +353,8 @@ impl Writer {
     async fn bulk(
         &mut self,
         ops: &[OpKind],
-        mut heads: HashMap<String, Head>,
-    ) -> Result<Option<(Vec<Reply>, HashMap<String, Head>)>, BatchError> {
+        mut heads: Heads,
+    ) -> Result<Option<(Vec<Reply>, Heads)>, BatchError> {
         let before = heads.clone();
         let mut arrays = Bulk::default();
         let mut replies = Vec::with_capacity(ops.len());
@@ -444,7 +441,7 @@ impl Writer {
             .bind(pending_sealed)
             .bind(pending_key_ids)
             .bind(pending_trace_parents);
-        let moved: HashMap<String, Head> = moved
+        let moved: Heads = moved
             .into_iter()
             .map(|(tenant, head)| (tenant.clone(), head.clone()))
             .collect();
@@ -483,8 +480,8 @@ impl Writer {
     async fn slow(
         &mut self,
         ops: &[OpKind],
-        mut heads: HashMap<String, Head>,
-    ) -> Result<(Vec<Result<Reply, LedgerError>>, HashMap<String, Head>), BatchError> {
+        mut heads: Heads,
+    ) -> Result<(Vec<Result<Reply, LedgerError>>, Heads), BatchError> {
         let mut results = Vec::with_capacity(ops.len());
         let mut moved: HashSet<String> = HashSet::new();
         let mut config_changed = false;
@@ -614,7 +611,7 @@ struct Link {
 /// legacy hash without). `Ok(None)` when the batch has no head for that tenant (it has none:
 /// the tenant does not exist).
 fn link(
-    heads: &mut HashMap<String, Head>,
+    heads: &mut Heads,
     event: &PreparedEvent,
     keys: Option<&dyn AuditKeys>,
 ) -> Result<Option<Link>, LedgerError> {
@@ -656,11 +653,7 @@ impl SqlConn for PgConnection {
 impl Conn for PgConnection {
     /// The batch locked the heads of every chain it appends to; heads exist from a tenant's
     /// creation on, so a missing one means no tenant.
-    async fn head(
-        &mut self,
-        heads: &mut HashMap<String, Head>,
-        tenant: &str,
-    ) -> Result<Head, Fail> {
+    async fn head(&mut self, heads: &mut Heads, tenant: &str) -> Result<Head, Fail> {
         heads
             .get(tenant)
             .cloned()

@@ -28,7 +28,7 @@ use crate::error::LedgerError;
 use crate::ops::PreparedCall;
 use crate::rows::{Fail, SqlRow, int_flag, read_failure};
 use crate::sql::{Db, Dialect, Param, Query, query};
-use crate::steps::{Conn, Head, SqlConn, bind_call_row, call_row_columns};
+use crate::steps::{Conn, FastHash, Head, Heads, SqlConn, bind_call_row, call_row_columns};
 
 /// Prepared statements the connection keeps: every statement the writer runs has its own text,
 /// and there are fewer than this many.
@@ -48,8 +48,10 @@ pub(super) struct LiteConn {
     /// Which parameter each placeholder of a statement takes, learned at the statement's first
     /// run (asking SQLite for every placeholder's name at every run cost more than some
     /// statements' own work). Keyed by where the statement's text lives and its length: every
-    /// text is `'static` (see [`Query`]), so the same key is always the same text.
-    positions: HashMap<(usize, usize), Box<[usize]>>,
+    /// text is `'static` (see [`Query`]), so the same key is always the same text. Hashed with
+    /// foldhash: the key is two machine words of this process's, and SipHash over them cost
+    /// more than a thousand instructions a call (six statements).
+    positions: HashMap<(usize, usize), Box<[usize]>, FastHash>,
 }
 
 impl fmt::Debug for LiteConn {
@@ -102,7 +104,7 @@ impl LiteConn {
         super::backfill::watch_log(&conn);
         Ok(LiteConn {
             conn,
-            positions: HashMap::new(),
+            positions: HashMap::default(),
         })
     }
 
@@ -260,11 +262,7 @@ impl SqlConn for LiteConn {
 
 impl Conn for LiteConn {
     /// The writer is the file's only writer: its cached head is the chain's, loaded lazily.
-    async fn head(
-        &mut self,
-        heads: &mut HashMap<String, Head>,
-        tenant: &str,
-    ) -> Result<Head, Fail> {
+    async fn head(&mut self, heads: &mut Heads, tenant: &str) -> Result<Head, Fail> {
         load_head(self, heads, tenant).await
     }
 
@@ -287,11 +285,7 @@ impl Conn for LiteConn {
 }
 
 /// The cached head of a tenant's chain, loaded from `audit_heads` on first use.
-async fn load_head(
-    conn: &mut LiteConn,
-    heads: &mut HashMap<String, Head>,
-    tenant: &str,
-) -> Result<Head, Fail> {
+async fn load_head(conn: &mut LiteConn, heads: &mut Heads, tenant: &str) -> Result<Head, Fail> {
     if let Some(head) = heads.get(tenant) {
         return Ok(head.clone());
     }

@@ -31,7 +31,7 @@
 //! database file (one `SqliteStore` per file), so the cache stays true; it is dropped whenever a
 //! transaction is rolled back and reloaded lazily from `audit_heads`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -48,7 +48,7 @@ use crate::sql::query;
 use crate::sqlite::backfill::{self, Backfill, Next};
 use crate::sqlite::direct::LiteConn;
 use crate::sqlite::owner::OwnerLock;
-use crate::steps::{Head, Steps};
+use crate::steps::{FastHash, Head, Heads, Steps};
 
 /// The most operations committed in one transaction. Bounds the latency one batch adds to the
 /// callers queued behind it.
@@ -142,9 +142,9 @@ pub(super) struct Writer {
 /// The write connection's state.
 pub(super) struct Core {
     conn: LiteConn,
-    heads: HashMap<String, Head>,
+    heads: Heads,
     /// Tenants whose head moved in the current batch; written to `audit_heads` with the COMMIT.
-    moved_heads: HashSet<String>,
+    moved_heads: HashSet<String, FastHash>,
     counters: Arc<Counters>,
     /// The file's one-owner lock, released once the connection is closed.
     owner: Option<OwnerLock>,
@@ -170,8 +170,8 @@ impl Writer {
     ) -> (Writer, Arc<Shared>) {
         let core = Core {
             conn,
-            heads: HashMap::new(),
-            moved_heads: HashSet::new(),
+            heads: Heads::default(),
+            moved_heads: HashSet::default(),
             counters,
             owner: Some(owner),
             keys,
