@@ -468,6 +468,32 @@ mod tests {
         conn.execute_now(&query(sql)).expect(sql);
     }
 
+    /// The workspace builds SQLite without its process-wide page-cache and allocation locks
+    /// (`LIBSQLITE3_FLAGS` in `.cargo/config.toml`): a build that lost the setting is slower,
+    /// not wrong, so only this says it.
+    #[test]
+    fn sqlite_is_built_without_its_global_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open(&dir, Duration::from_secs(1));
+        let options = conn
+            .conn
+            .prepare("PRAGMA compile_options")
+            .unwrap()
+            .query_map([], |row| row.get::<_, String>(0))
+            .unwrap()
+            .collect::<rusqlite::Result<Vec<String>>>()
+            .unwrap();
+        assert!(options.iter().any(|o| o == "THREADSAFE=1"), "{options:?}");
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+    }
+
     #[test]
     fn numbered_placeholders_take_their_parameter_wherever_they_appear() {
         let dir = tempfile::tempdir().unwrap();
